@@ -1,0 +1,56 @@
+"""Cutting a face out of a frame for the classifier: five-point similarity alignment, or a square margin box.
+
+Alignment follows insightface's `face_align`: a least-squares similarity transform (Umeyama) maps the detector's five
+landmarks onto a template, and one warpAffine produces the crop. The template here is not ArcFace's: it is the mean
+landmark position of the classifier's own training crops (FER2013), so aligned faces are framed the way the
+classifier saw faces during training. `tests/test_align.py` re-derives it from the data.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+# Median RetinaFace landmarks on 733 FER2013 training crops (mirror-symmetrised), as fractions of the crop side:
+# right eye, left eye, nose tip, right mouth corner, left mouth corner (image left/right).
+FER_TEMPLATE = np.array(
+    [[0.3167, 0.3802], [0.6833, 0.3802], [0.5000, 0.5854], [0.3458, 0.7677], [0.6542, 0.7677]], dtype=np.float64
+)
+
+
+def similarity_transform(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """2 x 3 matrix of the rotation+uniform scale+translation that best maps `src` points onto `dst` (Umeyama 1991)."""
+    src = np.asarray(src, dtype=np.float64)
+    dst = np.asarray(dst, dtype=np.float64)
+    src_mean, dst_mean = src.mean(axis=0), dst.mean(axis=0)
+    src_c, dst_c = src - src_mean, dst - dst_mean
+    covariance = dst_c.T @ src_c / len(src)
+    u, singular, vt = np.linalg.svd(covariance)
+    sign = np.ones(2)
+    if np.linalg.det(u) * np.linalg.det(vt) < 0:
+        sign[1] = -1.0
+    rotation = u @ np.diag(sign) @ vt
+    variance = (src_c**2).sum() / len(src)
+    scale = (singular * sign).sum() / variance if variance > 0 else 1.0
+    translation = dst_mean - scale * rotation @ src_mean
+    return np.hstack([scale * rotation, translation[:, None]])
+
+
+def align_face(image: np.ndarray, landmarks: np.ndarray, size: tuple[int, int],
+               template: np.ndarray = FER_TEMPLATE) -> np.ndarray:
+    """Warp the face so its landmarks land on `template` (fractions of `size`); returns size[1] x size[0] x C."""
+    width, height = size
+    matrix = similarity_transform(landmarks, template * np.array([width, height]))
+    return cv2.warpAffine(image, matrix, (width, height), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+
+
+def box_crop(image: np.ndarray, box: tuple[float, float, float, float], size: tuple[int, int],
+             margin: float = 0.1) -> np.ndarray:
+    """A square crop centred on `box`, enlarged by `margin` of its long side, resized to `size`."""
+    x1, y1, x2, y2 = box
+    side = max(x2 - x1, y2 - y1) * (1.0 + 2.0 * margin)
+    cx, cy = (x1 + x2) / 2.0, (y1 + y2) / 2.0
+    width, height = size
+    scale = width / max(side, 1.0)
+    matrix = np.array([[scale, 0.0, width / 2.0 - scale * cx], [0.0, scale, height / 2.0 - scale * cy]])
+    return cv2.warpAffine(image, matrix, (width, height), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)

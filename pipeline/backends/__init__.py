@@ -1,0 +1,1 @@
+"""Inference backends, chosen by `inference.backend` through the registry in base.py."""

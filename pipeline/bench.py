@@ -1,0 +1,104 @@
+"""`bench`: measurements, always side by side with their baseline in one run, on the machine named in the output.
+
+Modes:
+  analyze  — our `analyze` on a video vs the `fer` package (Haar + the same mini-Xception) in its own venv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+FER_SCRIPT = Path(__file__).resolve().parent / "bench_fer_baseline.py"
+
+
+def add_bench_args(parser: argparse.ArgumentParser) -> None:
+    modes = parser.add_subparsers(dest="mode", metavar="MODE", required=True)
+    analyze = modes.add_parser("analyze", help="analyze a video vs the fer package, in one run")
+    analyze.add_argument("--video", type=Path, required=True)
+    analyze.add_argument("--config", type=Path, default=PROJECT_ROOT / "config" / "default.yaml")
+    analyze.add_argument("--fer-python", type=Path, default=Path("/opt/fer-venv/bin/python"),
+                         help="interpreter of a venv with tensorflow-cpu and fer==25.10.3 (skip fer if absent)")
+    analyze.add_argument("--repeat", type=int, default=2, help="alternate the two tools this many times each")
+    analyze.add_argument("--json", type=Path, default=None, help="also write the results here")
+
+
+def machine() -> dict[str, object]:
+    import os
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d"), "host": platform.node()}
+
+
+def _ours(video: Path, config: Path) -> dict[str, object]:
+    """Run our analyze as a subprocess (same conditions as the baseline) and read its summary line."""
+    cmd = [sys.executable, str(PROJECT_ROOT / "run_pipeline.py"), "analyze", str(video), "--config", str(config),
+           "--log-level", "warning"]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=PROJECT_ROOT)
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("summary: ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"analyze failed: {done.stderr.strip()[-500:]}")
+    summary = json.loads(lines[-1][len("summary: "):])
+    return {"tool": "ours", "frames": summary["frames"], "faces": summary["faces"],
+            "fps": summary["per_second"], "per_stage_ms": summary["stage_ms_mean"], "emotions": summary["emotions"]}
+
+
+def _fer(python: Path, video: Path) -> dict[str, object] | None:
+    if not python.exists():
+        log.warning("%s not found: skipping the fer baseline (see BENCHMARKS.md for how to make that venv)", python)
+        return None
+    done = subprocess.run([str(python), str(FER_SCRIPT), str(video)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"fer baseline failed: {done.stderr.strip()[-500:]}")
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def bench_analyze(args: argparse.Namespace) -> dict[str, object]:
+    runs: dict[str, list[dict[str, object]]] = {"ours": [], "fer": []}
+    for _ in range(max(1, args.repeat)):  # alternate, so drift in machine load hits both tools alike
+        runs["ours"].append(_ours(args.video, args.config))
+        fer = _fer(args.fer_python, args.video)
+        if fer is not None:
+            runs["fer"].append(fer)
+    best = {tool: max(r, key=lambda x: float(x["fps"])) for tool, r in runs.items() if r}  # type: ignore[arg-type]
+    result: dict[str, object] = {"mode": "analyze", "video": str(args.video), "machine": machine(), "runs": runs,
+                                 "best": best}
+    if "fer" in best:
+        result["ratio_fps"] = round(float(best["ours"]["fps"]) / float(best["fer"]["fps"]), 2)  # type: ignore[arg-type]
+    return result
+
+
+def print_analyze_table(result: dict[str, object]) -> None:
+    best: dict[str, dict[str, object]] = result["best"]  # type: ignore[assignment]
+    print(f"{'tool':6} {'frames':>7} {'faces':>6} {'fps':>8}  per-stage ms")
+    for tool, r in best.items():
+        stages = ", ".join(f"{k} {v}" for k, v in dict(r.get("per_stage_ms") or {}).items())  # type: ignore[call-overload]
+        print(f"{tool:6} {r['frames']:>7} {r['faces']:>6} {float(r['fps']):>8.1f}  {stages}")  # type: ignore[arg-type]
+    if "ratio_fps" in result:
+        print(f"ours / fer frames per second: {result['ratio_fps']}x")
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    result = bench_analyze(args)
+    print_analyze_table(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return 0

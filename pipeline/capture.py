@@ -1,0 +1,165 @@
+"""Cameras: video sources, and the capture thread that keeps one camera's newest frame in a one-slot box.
+
+Capture never waits for analysis: it overwrites the slot, and the worker takes the newest frame when it is ready.
+A source that fails to open, stops delivering (stall) or errors is released and reopened with exponential backoff and
+jitter, while every other camera keeps running.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pipeline.redact import mask_secrets
+from pipeline.sources import SourceError, SourceEnded, VideoSource, open_source
+from pipeline.types import CameraEvent, CameraState, Frame
+
+if TYPE_CHECKING:
+    from pipeline.config import CameraConfig
+
+log = logging.getLogger(__name__)
+
+# The lifecycle, written down once: state -> states it may move to.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "starting": frozenset({"streaming", "reconnecting", "stopped", "ended"}),
+    "streaming": frozenset({"stalled", "reconnecting", "stopped", "ended"}),
+    "stalled": frozenset({"reconnecting", "stopped"}),
+    "reconnecting": frozenset({"streaming", "reconnecting", "stopped", "ended"}),
+    "stopped": frozenset(),
+    "ended": frozenset(),
+}
+
+
+class FrameSlot:
+    """A one-frame mailbox: `put` overwrites, `take_newer` waits for a frame newer than the one last taken."""
+
+    def __init__(self) -> None:
+        self._frame: Frame | None = None
+        self._cond = threading.Condition()
+        self.published = 0
+        self.taken = 0
+        self.closed = False
+
+    def put(self, frame: Frame) -> None:
+        with self._cond:
+            self._frame = frame
+            self.published += 1
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+    def take_newer(self, after_index: int, timeout: float) -> Frame | None:
+        """The newest frame with index > after_index, waiting up to `timeout`; None on timeout or close."""
+        with self._cond:
+            ready = self._cond.wait_for(
+                lambda: self.closed or (self._frame is not None and self._frame.index > after_index), timeout)
+            if not ready or self._frame is None or self._frame.index <= after_index:
+                return None
+            self.taken += 1
+            return self._frame
+
+    @property
+    def latest(self) -> Frame | None:
+        return self._frame
+
+
+class Backoff:
+    """Exponential backoff with full jitter between `initial_s` and `max_s`."""
+
+    def __init__(self, initial_s: float, max_s: float, rng: random.Random | None = None) -> None:
+        self.initial_s, self.max_s = initial_s, max_s
+        self.attempt = 0
+        self._rng = rng or random.Random()
+
+    def next_delay(self) -> float:
+        ceiling = min(self.max_s, self.initial_s * (2 ** self.attempt))
+        self.attempt += 1
+        return max(self.initial_s / 2, self._rng.uniform(ceiling / 2, ceiling))
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class CaptureThread(threading.Thread):
+    """Reads one camera forever: open → read into the slot → on failure or stall, release and retry with backoff."""
+
+    def __init__(self, cfg: CameraConfig, stop: threading.Event, on_event: Callable[[CameraEvent], None],
+                 source_factory: Callable[[CameraConfig], VideoSource] = open_source) -> None:
+        super().__init__(name=f"capture-{cfg.name}", daemon=True)
+        self.cfg = cfg
+        self.slot = FrameSlot()
+        self.state: CameraState = "starting"
+        self.reconnects = 0
+        self.last_frame_mono = 0.0
+        self._stop_event = stop
+        self._on_event = on_event
+        self._source_factory = source_factory
+        self._backoff = Backoff(cfg.reconnect.initial_s, cfg.reconnect.max_s)
+        self._index = 0
+
+    def set_state(self, state: CameraState, detail: str = "") -> None:
+        if state == self.state and state != "reconnecting":
+            return
+        if state not in TRANSITIONS[self.state]:
+            log.warning("camera %s: unexpected transition %s -> %s", self.cfg.name, self.state, state)
+        self.state = state
+        detail = mask_secrets(detail)
+        log.info("camera %s: %s%s", self.cfg.name, state, f" ({detail})" if detail else "")
+        self._on_event(CameraEvent(self.cfg.name, time.time(), state, detail))
+
+    def run(self) -> None:
+        try:
+            while not self._stop_event.is_set() and self.state != "ended":
+                self._session()
+        finally:
+            if self.state != "ended":
+                self.set_state("stopped")
+            self.slot.close()
+
+    def _session(self) -> None:
+        """One open → read loop → release cycle; a failure schedules the next attempt."""
+        try:
+            source = self._source_factory(self.cfg)
+        except SourceError as exc:
+            self._retry_later(str(exc))
+            return
+        try:
+            self._read_loop(source)
+        except SourceEnded:
+            self.set_state("ended", "end of file")
+        except SourceError as exc:
+            self._retry_later(str(exc))
+        finally:
+            source.close()
+
+    def _read_loop(self, source: VideoSource) -> None:
+        stall_s = self.cfg.reconnect.stall_s
+        while not self._stop_event.is_set():
+            image = source.read(timeout=stall_s)
+            if image is None:
+                self.set_state("stalled", f"no frame for {stall_s:g} s")
+                raise SourceError("stalled")
+            self._publish(image)
+            if self.state != "streaming":
+                self.set_state("streaming", source.describe())
+                self._backoff.reset()
+
+    def _publish(self, image: np.ndarray) -> None:
+        self._index += 1
+        self.last_frame_mono = time.monotonic()
+        self.slot.put(Frame(self.cfg.name, self._index, image, self.last_frame_mono, time.time()))
+
+    def _retry_later(self, reason: str) -> None:
+        delay = self._backoff.next_delay()
+        self.reconnects += 1
+        self.set_state("reconnecting", f"{reason}; retry in {delay:.1f} s")
+        self._stop_event.wait(delay)

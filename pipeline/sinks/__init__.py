@@ -1,0 +1,1 @@
+"""Event outputs, chosen by each `outputs[].type` through the registry in base.py."""

