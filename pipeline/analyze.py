@@ -9,7 +9,9 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import queue
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -87,6 +89,43 @@ def iter_inputs(paths: list[Path]) -> Iterator[tuple[Path, str | None]]:
             yield path, _label_of(path, _labels_for(path.parent)) if path.exists() else None
 
 
+def _prefetched_frames(path: Path, every: int, depth: int = 8) -> Iterator[tuple[int, np.ndarray]]:
+    """Decode on a background thread (OpenCV releases the GIL) so decoding overlaps inference."""
+    frames: queue.Queue[tuple[int, np.ndarray] | None] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def decode() -> None:
+        cap = cv2.VideoCapture(str(path))
+        index = -1
+        try:
+            while not stop.is_set():
+                if not cap.grab():
+                    break
+                index += 1
+                if index % every:
+                    continue
+                ok, frame = cap.retrieve()
+                if not ok:
+                    break
+                frames.put((index, frame))
+        finally:
+            cap.release()
+            frames.put(None)
+
+    reader = threading.Thread(target=decode, name=f"decode-{path.name}", daemon=True)
+    reader.start()
+    try:
+        while (item := frames.get()) is not None:
+            yield item
+    finally:
+        stop.set()
+        while reader.is_alive():  # unblock a reader waiting on a full queue
+            try:
+                frames.get(timeout=0.1)
+            except queue.Empty:
+                pass
+
+
 class Analyzer:
     def __init__(self, perception: Perception, cropped: bool, every: int) -> None:
         self.perception = perception
@@ -105,20 +144,12 @@ class Analyzer:
         self._emit({"source": str(path), "frame": 0}, faces, label)
 
     def video(self, path: Path) -> None:
-        cap = cv2.VideoCapture(str(path))
-        index, read_any = -1, False
-        try:
-            while True:
-                ok, frame = cap.read()
-                if not ok:
-                    break
-                read_any, index = True, index + 1
-                if index % self.every:
-                    continue
-                self.summary.frames += 1
-                self._emit({"source": str(path), "frame": index}, self._faces(frame), None)
-        finally:
-            cap.release()
+        frames = _prefetched_frames(path, self.every)
+        read_any = False
+        for index, frame in frames:
+            read_any = True
+            self.summary.frames += 1
+            self._emit({"source": str(path), "frame": index}, self._faces(frame), None)
         if not read_any:
             self.summary.unreadable.append(str(path))
             log.error("%s: unreadable video (unsupported format, corrupt or empty)", path)
@@ -153,14 +184,24 @@ class Analyzer:
         sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
 
 
+def _for_analyze(cfg: AppConfig, crop: str | None, detector_input: tuple[int, int] | None) -> AppConfig:
+    """analyze is one sequential producer: waiting for a batch to fill (max_delay_ms) would only add latency."""
+    updates: dict[str, object] = {"inference": cfg.inference.model_copy(update={"max_delay_ms": 0.0})}
+    if crop:
+        updates["emotion"] = cfg.emotion.model_copy(update={"crop": crop})
+    if detector_input:
+        updates["detector"] = type(cfg.detector).model_validate(
+            cfg.detector.model_dump() | {"input_size": detector_input})
+    return cfg.model_copy(update=updates)
+
+
 def run_analyze(cfg: AppConfig, paths: list[Path], every: int = 1, cropped: bool = False,
-                crop: str | None = None) -> int:
+                crop: str | None = None, detector_input: tuple[int, int] | None = None) -> int:
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
         print(f"error: not found: {', '.join(missing)}", file=sys.stderr)
         return 2
-    if crop:
-        cfg = cfg.model_copy(update={"emotion": cfg.emotion.model_copy(update={"crop": crop})})
+    cfg = _for_analyze(cfg, crop, detector_input)
     perception = Perception.from_config(cfg)
     analyzer = Analyzer(perception, cropped, every)
     try:

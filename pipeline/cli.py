@@ -75,7 +75,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from pipeline.analyze import run_analyze
 
     cfg = _load(args.config)
-    return run_analyze(cfg, args.paths, every=args.every, cropped=args.cropped, crop=args.crop)
+    return run_analyze(cfg, args.paths, every=args.every, cropped=args.cropped, crop=args.crop,
+                       detector_input=args.detector_input)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -110,12 +111,22 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--every", type=int, default=1, help="videos: analyse every Nth frame")
     analyze.add_argument("--cropped", action="store_true", help="each image is one face crop: skip detection")
     analyze.add_argument("--crop", choices=["align", "box"], default=None, help="override emotion.crop")
+    analyze.add_argument("--detector-input", type=_size, default=None, metavar="WxH",
+                         help="override detector.input_size, e.g. 320x192")
 
     bench = sub.add_parser("bench", parents=[common], help="measure throughput and latency")
     from pipeline.bench import add_bench_args
 
     add_bench_args(bench)
     return parser
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        width, height = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT such as 320x192, got {text!r}") from None
+    return width, height
 
 
 def _add_run_args(parser: argparse.ArgumentParser) -> None:

@@ -40,11 +40,13 @@ def letterbox(image: np.ndarray, size: tuple[int, int]) -> tuple[np.ndarray, Let
     height, width = image.shape[:2]
     target_w, target_h = size
     scale = min(target_w / width, target_h / height)
-    new_w, new_h = max(1, round(width * scale)), max(1, round(height * scale))
-    canvas = np.empty((target_h, target_w, 3), dtype=np.uint8)
-    canvas[:] = PAD_BGR
-    interpolation = cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR
-    canvas[:new_h, :new_w] = cv2.resize(image, (new_w, new_h), interpolation=interpolation)
+    new_w, new_h = min(target_w, max(1, round(width * scale))), min(target_h, max(1, round(height * scale)))
+    # INTER_AREA avoids aliasing on strong reductions but costs ~7x more; bilinear is fine down to half size.
+    interpolation = cv2.INTER_AREA if scale < 0.5 else cv2.INTER_LINEAR
+    resized = image if (new_w, new_h) == (width, height) else cv2.resize(image, (new_w, new_h),
+                                                                          interpolation=interpolation)
+    canvas = cv2.copyMakeBorder(resized, 0, target_h - new_h, 0, target_w - new_w, cv2.BORDER_CONSTANT,
+                                value=PAD_BGR)
     return canvas, Letterbox(scale, (width, height))
 
 

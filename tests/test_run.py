@@ -1,0 +1,130 @@
+"""The daemon end to end, as an operator runs it: real models, a real video file, JSON lines on stdout."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, data_path, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def _config(tmp_path: Path, cameras: str, extra: str = "") -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(f"cameras:\n{cameras}\n"
+                    "detector: {input_size: [320, 192]}\n"
+                    "behavior: {dwell_ms: 300, cooldown_ms: 800}\n"
+                    "server: {enabled: false}\n" + extra)
+    return path
+
+
+def _events(stdout: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def test_run_on_video_prints_observations_and_commands(prepared_models: None, tmp_path: Path) -> None:
+    video = data_path("video", "woman_short.mp4")
+    config = _config(tmp_path, f"  - {{name: lobby, source: {video}, fps: 10, loop: true}}")
+    done = run_cli("run", "--config", str(config), "--duration", "8")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    events = _events(done.stdout)
+    observations = [e for e in events if e["type"] == "observation"]
+    commands = [e for e in events if e["type"] == "command"]
+    assert len(observations) >= 20
+    with_faces = [o for o in observations if o["faces"]]
+    assert len(with_faces) >= 0.8 * len(observations)
+    face = with_faces[-1]["faces"][0]  # type: ignore[index]
+    assert set(face) >= {"track_id", "box", "score", "landmarks", "emotion", "confidence", "probs", "smoothed"}
+    assert len(face["landmarks"]) == 5 and len(face["probs"]) == 7
+    assert {"total", "detect", "emotion"} <= set(with_faces[-1]["latency_ms"])  # type: ignore[arg-type]
+    assert commands, "no command in 8 s of a smiling face"
+    command = commands[0]
+    assert command["camera"] == "lobby" and command["emotion"] in face["probs"]
+    assert set(command["expression"]) == {"preset", "weight", "blend_ms"}  # type: ignore[arg-type]
+    assert {"style", "pitch", "rate", "volume"} <= set(command["tone"])  # type: ignore[arg-type]
+    states = [e["state"] for e in events if e["type"] == "camera"]
+    assert states[0] == "streaming" and states[-1] == "stopped"
+
+
+def test_file_camera_that_ends_leaves_others_running(prepared_models: None, tmp_path: Path) -> None:
+    video = data_path("video", "woman_short.mp4")
+    cameras = (f"  - {{name: once, source: {video}, fps: 5, loop: false}}\n"
+               f"  - {{name: looping, source: {video}, fps: 5, loop: true}}\n"
+               f"  - {{name: missing, source: {tmp_path / 'nope.mp4'}, fps: 5, reconnect: {{initial_s: 0.5, max_s: 1}}}}")
+    done = run_cli("run", "--config", str(_config(tmp_path, cameras)), "--duration", "9")
+    assert done.returncode == 0, done.stderr[-2000:]
+    events = _events(done.stdout)
+    ended_at = next(e["ts"] for e in events if e["type"] == "camera" and e["state"] == "ended")
+    later = [e for e in events if e["type"] == "observation" and e["camera"] == "looping" and e["ts"] > ended_at + 1]
+    assert later, "the looping camera stopped when the other one ended"
+    retries = [e for e in events if e["type"] == "camera" and e["camera"] == "missing"]
+    assert len(retries) >= 3 and all(e["state"] == "reconnecting" for e in retries[:-1])
+    assert "not found" in str(retries[0]["detail"])
+
+
+def test_sigterm_stops_cleanly_with_exit_0(prepared_models: None, tmp_path: Path) -> None:
+    video = data_path("video", "woman_short.mp4")
+    config = _config(tmp_path, f"  - {{name: lobby, source: {video}, fps: 10, loop: true}}")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "run_pipeline.py"), "run", "--config", str(config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=dict(os.environ))
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    for line in proc.stdout:  # wait for the first observation: models loaded, camera running
+        if '"type":"observation"' in line or time.monotonic() > deadline:
+            break
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, stderr = proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("did not exit within 15 s of SIGTERM")
+    assert proc.returncode == 0, stderr[-2000:]
+    assert "SIGTERM received" in stderr and "Traceback" not in stderr
+
+
+def test_bad_config_exits_2_with_location_and_no_traceback(tmp_path: Path) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text("cameras:\n  - name: lobby\n    source: demo\n    fps: 0\n")
+    done = run_cli("run", "--config", str(config), "--duration", "1")
+    assert done.returncode == 2
+    assert f"{config}:4: cameras[0].fps:" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_check_config_valid_and_invalid(tmp_path: Path) -> None:
+    done = run_cli("check-config", str(ROOT / "config" / "default.yaml"))
+    assert done.returncode == 0 and "valid" in done.stdout
+    missing = run_cli("check-config", str(tmp_path / "absent.yaml"))
+    assert missing.returncode == 2 and "absent.yaml" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_corrupt_model_at_run_exits_3_naming_file(tmp_path: Path) -> None:
+    """A model that ONNX Runtime cannot load is a model problem (exit 3) that names the file."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "broken.onnx").write_bytes(b"not an onnx file")
+    config = _config(tmp_path, "  - {name: lobby, source: demo}")
+    code = (
+        "import sys, pipeline.manifest as m, pipeline.models as mm\n"
+        f"m.MODELS_DIR = mm.MODELS_DIR = __import__('pathlib').Path({str(models)!r})\n"
+        "import shutil, pathlib\n"
+        f"for p in pathlib.Path({str(ROOT / 'models')!r}).glob('*.yaml'): shutil.copy(p, m.MODELS_DIR)\n"
+        "man = m.load_manifest('retinaface_mnet025')\n"
+        "man.file_for('fp32').write_bytes(b'garbage')\n"
+        "man.sidecar_for('fp32').write_text('{\"sha256\": \"0\"}')\n"
+        "from pipeline.cli import main\n"
+        f"sys.exit(main(['run', '--config', {str(config)!r}, '--duration', '1']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "retinaface_mnet025.fp32.onnx" in done.stderr and "prepare-models" in done.stderr
+    assert "Traceback" not in done.stderr
