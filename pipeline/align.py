@@ -36,11 +36,18 @@ def similarity_transform(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     return np.hstack([scale * rotation, translation[:, None]])
 
 
+def _pixel_centres(matrix: np.ndarray) -> np.ndarray:
+    """Adjust a transform written in pixel-edge coordinates (detector boxes) to warpAffine's pixel-centre ones."""
+    adjusted = matrix.astype(np.float64).copy()
+    adjusted[:, 2] += adjusted[:, :2] @ np.array([0.5, 0.5]) - 0.5
+    return adjusted
+
+
 def align_face(image: np.ndarray, landmarks: np.ndarray, size: tuple[int, int],
                template: np.ndarray = FER_TEMPLATE) -> np.ndarray:
     """Warp the face so its landmarks land on `template` (fractions of `size`); returns size[1] x size[0] x C."""
     width, height = size
-    matrix = similarity_transform(landmarks, template * np.array([width, height]))
+    matrix = _pixel_centres(similarity_transform(landmarks, template * np.array([width, height])))
     return cv2.warpAffine(image, matrix, (width, height), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
 
 
@@ -52,5 +59,5 @@ def box_crop(image: np.ndarray, box: tuple[float, float, float, float], size: tu
     cx, cy = (x1 + x2) / 2.0, (y1 + y2) / 2.0
     width, height = size
     scale = width / max(side, 1.0)
-    matrix = np.array([[scale, 0.0, width / 2.0 - scale * cx], [0.0, scale, height / 2.0 - scale * cy]])
+    matrix = _pixel_centres(np.array([[scale, 0.0, width / 2.0 - scale * cx], [0.0, scale, height / 2.0 - scale * cy]]))
     return cv2.warpAffine(image, matrix, (width, height), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)

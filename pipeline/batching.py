@@ -69,6 +69,7 @@ class BatchedModel:
         self._batches: queue.Queue[list[_Request] | None] = queue.Queue(maxsize=self.lanes)
         self._closing = threading.Event()
         self._lock = threading.Lock()
+        self._submit_lock = threading.Lock()
         self._collector = threading.Thread(target=self._collect_loop, name=f"batch-{name}", daemon=True)
         self._runners = [threading.Thread(target=self._run_loop, args=(lane,), name=f"lane-{name}-{lane}", daemon=True)
                          for lane in range(self.lanes)]
@@ -78,15 +79,20 @@ class BatchedModel:
 
     def submit(self, item: np.ndarray) -> Future[dict[str, np.ndarray]]:
         """Queue one item; raises QueueFullError at once when the queue is full, ModelClosedError after close()."""
-        if self._closing.is_set():
-            raise ModelClosedError(f"{self.name} is closed")
         request = _Request(item, Future(), time.monotonic())
-        try:
-            self._requests.put_nowait(request)
-        except queue.Full:
+        with self._submit_lock:  # close() cannot slip between the check and the put
+            if self._closing.is_set():
+                raise ModelClosedError(f"{self.name} is closed")
+            try:
+                self._requests.put_nowait(request)
+            except queue.Full:
+                full = True
+            else:
+                full = False
+        if full:
             with self._lock:
                 self.stats.rejected += 1
-            raise QueueFullError(f"{self.name}: request queue full ({self._requests.maxsize})") from None
+            raise QueueFullError(f"{self.name}: request queue full ({self._requests.maxsize})")
         return request.future
 
     def infer(self, item: np.ndarray, timeout: float = 10.0) -> dict[str, np.ndarray]:
@@ -121,6 +127,9 @@ class BatchedModel:
             self._run_batch(batch, lane)
 
     def _run_batch(self, batch: list[_Request], lane: int) -> None:
+        batch = [r for r in batch if r.future.set_running_or_notify_cancel()]  # a caller may have cancelled
+        if not batch:
+            return
         started = time.monotonic()
         try:
             stacked = np.stack([r.item for r in batch])
@@ -151,15 +160,18 @@ class BatchedModel:
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop accepting work, let queued and in-flight batches finish, then release the backend."""
-        if self._closing.is_set():
-            return
-        self._closing.set()
+        with self._submit_lock:
+            if self._closing.is_set():
+                return
+            self._closing.set()
         self._collector.join(timeout)
         for runner in self._runners:
             runner.join(timeout)
-        while True:  # anything that slipped in after the collector stopped
+        while True:  # requests left behind if the collector did not finish in time
             try:
-                self._requests.get_nowait().future.set_exception(ModelClosedError(f"{self.name} closed"))
+                request = self._requests.get_nowait()
             except queue.Empty:
                 break
+            if request.future.set_running_or_notify_cancel():
+                request.future.set_exception(ModelClosedError(f"{self.name} closed"))
         self.backend.close()

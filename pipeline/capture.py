@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pipeline.camera_stats import RateMeter, RecentEvents
 from pipeline.redact import mask_secrets
 from pipeline.sources import SourceError, SourceEnded, VideoSource, open_source
 from pipeline.types import CameraEvent, CameraState, Frame
@@ -98,8 +99,10 @@ class CaptureThread(threading.Thread):
         self.cfg = cfg
         self.slot = FrameSlot()
         self.state: CameraState = "starting"
-        self.reconnects = 0
-        self.last_frame_mono = 0.0
+        self.frames_in = RateMeter()
+        self.reconnects = RecentEvents()
+        self.stalls = RecentEvents()
+        self.last_frame_mono: float | None = None
         self._stop_event = stop
         self._on_event = on_event
         self._source_factory = source_factory
@@ -146,6 +149,7 @@ class CaptureThread(threading.Thread):
         while not self._stop_event.is_set():
             image = source.read(timeout=stall_s)
             if image is None:
+                self.stalls.mark()
                 self.set_state("stalled", f"no frame for {stall_s:g} s")
                 raise SourceError("stalled")
             self._publish(image)
@@ -155,11 +159,13 @@ class CaptureThread(threading.Thread):
 
     def _publish(self, image: np.ndarray) -> None:
         self._index += 1
-        self.last_frame_mono = time.monotonic()
-        self.slot.put(Frame(self.cfg.name, self._index, image, self.last_frame_mono, time.time()))
+        now = time.monotonic()
+        self.last_frame_mono = now
+        self.frames_in.mark(now)
+        self.slot.put(Frame(self.cfg.name, self._index, image, now, time.time()))
 
     def _retry_later(self, reason: str) -> None:
         delay = self._backoff.next_delay()
-        self.reconnects += 1
+        self.reconnects.mark()
         self.set_state("reconnecting", f"{reason}; retry in {delay:.1f} s")
         self._stop_event.wait(delay)

@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 from types import FrameType
 
 from pipeline.behavior import BehaviorMapper
+from pipeline.camera_stats import CameraHealth, connection_quality
 from pipeline.capture import CaptureThread
 from pipeline.config import AppConfig, CameraConfig
 from pipeline.events import camera_event, command_event, observation_event
 from pipeline.perception import Perception
+from pipeline.redact import mask_secrets
 from pipeline.sinks.base import EventBus, Sink, create_sink
 from pipeline.track import IouTracker
 from pipeline.types import CameraEvent, Observation
@@ -37,6 +39,22 @@ class Camera:
     cfg: CameraConfig
     capture: CaptureThread
     worker: CameraWorker
+
+    def health(self) -> CameraHealth:
+        """The camera's figures right now (for status, metrics and health checks)."""
+        now = time.monotonic()
+        capture, analysed = self.capture, self.worker.stats.analysed
+        age = None if capture.last_frame_mono is None else now - capture.last_frame_mono
+        fps_analysed = analysed.rate(now)
+        reconnects, stalls = capture.reconnects.count(now), capture.stalls.count(now)
+        quality = connection_quality(capture.state, age, self.cfg.reconnect.stall_s, fps_analysed,
+                                     min(self.cfg.fps, capture.frames_in.rate(now) or self.cfg.fps), reconnects, stalls)
+        return CameraHealth(
+            name=self.cfg.name, state=capture.state, source=mask_secrets(str(self.cfg.source)),
+            fps_in=capture.frames_in.rate(now), fps_analysed=fps_analysed, frames_in=capture.frames_in.total,
+            frames_analysed=analysed.total, frames_skipped=max(0, capture.frames_in.total - analysed.total),
+            reconnects_1h=reconnects, stalls_1h=stalls, reconnects_total=capture.reconnects.total,
+            last_frame_age_s=age, faces=self.worker.stats.faces, quality=quality)
 
 
 @dataclass

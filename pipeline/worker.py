@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pipeline.batching import ModelClosedError, QueueFullError
+from pipeline.camera_stats import RateMeter
 from pipeline.capture import CaptureThread
 from pipeline.perception import Perception
 from pipeline.track import IouTracker
@@ -22,7 +23,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class WorkerStats:
-    analysed: int = 0
+    analysed: RateMeter = field(default_factory=RateMeter)
     skipped_busy: int = 0
     errors: int = 0
     faces: int = 0
@@ -83,7 +84,7 @@ class CameraWorker(threading.Thread):
             for face, score, track_id in zip(faces, scores, ids)
         )
         height, width = frame.image.shape[:2]
-        self.stats.analysed += 1
-        self.stats.faces += len(results)
+        self.stats.analysed.mark()
+        self.stats.faces = len(results)
         self.stats.last_latency_ms = (time.monotonic() - frame.t_mono) * 1e3
         return Observation(frame.camera, frame.index, frame.t_mono, frame.t_wall, (width, height), results, timings)

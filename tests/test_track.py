@@ -1,0 +1,211 @@
+"""IoU tracking and per-track smoothing (pipeline/track.py), driven by hand-built detections and a fake clock."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.track import IouTracker, iou_matrix
+from pipeline.types import Detection, EmotionScores
+
+FPS = 30.0
+DT = 1.0 / FPS
+
+
+def face(x1: float, y1: float, x2: float, y2: float) -> Detection:
+    return Detection(box=(float(x1), float(y1), float(x2), float(y2)), score=0.99,
+                     landmarks=np.zeros((5, 2), np.float32))
+
+
+def moved(box: tuple[float, float, float, float], dx: float, dy: float = 0.0) -> Detection:
+    x1, y1, x2, y2 = box
+    return face(x1 + dx, y1 + dy, x2 + dx, y2 + dy)
+
+
+def scores(*probs: float) -> EmotionScores:
+    return EmotionScores(np.asarray(probs, dtype=np.float32))
+
+
+# --- iou_matrix -----------------------------------------------------------------------------------------------------
+
+
+def test_iou_identical_boxes_is_one_and_disjoint_is_zero() -> None:
+    a = np.array([[10, 20, 50, 80], [0, 0, 4, 4]], dtype=float)
+    b = np.array([[10, 20, 50, 80], [100, 100, 120, 130], [4, 0, 8, 4]], dtype=float)  # last one only touches a[1]
+    m = iou_matrix(a, b)
+    assert m.shape == (2, 3)
+    expected = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    np.testing.assert_allclose(m, expected, atol=1e-12)
+
+
+def test_iou_half_overlap_exact_values() -> None:
+    # 4x2 boxes shifted by half their width: inter = 2*2 = 4, union = 8 + 8 - 4 = 12 -> 1/3
+    a = np.array([[0, 0, 4, 2]], dtype=float)
+    b = np.array([[2, 0, 6, 2]], dtype=float)
+    assert iou_matrix(a, b)[0, 0] == pytest.approx(1.0 / 3.0, abs=1e-12)
+    # a box containing another of half its area: inter = 50, union = 100 -> 0.5
+    c = np.array([[0, 0, 10, 10]], dtype=float)
+    d = np.array([[0, 0, 10, 5]], dtype=float)
+    assert iou_matrix(c, d)[0, 0] == pytest.approx(0.5, abs=1e-12)
+    # quarter overlap in both axes: inter = 5*5 = 25, union = 100 + 100 - 25 = 175
+    e = np.array([[5, 5, 15, 15]], dtype=float)
+    assert iou_matrix(c, e)[0, 0] == pytest.approx(25.0 / 175.0, abs=1e-12)
+    # symmetric
+    np.testing.assert_allclose(iou_matrix(np.vstack([a, c]), np.vstack([b, d, e])),
+                               iou_matrix(np.vstack([b, d, e]), np.vstack([a, c])).T, atol=1e-12)
+
+
+def test_iou_empty_inputs_have_the_right_shape() -> None:
+    boxes = np.array([[0, 0, 1, 1], [1, 1, 2, 2], [2, 2, 3, 3]], dtype=float)
+    empty = np.zeros((0, 4))
+    assert iou_matrix(empty, boxes).shape == (0, 3)
+    assert iou_matrix(boxes, empty).shape == (3, 0)
+    assert iou_matrix(empty, empty).shape == (0, 0)
+
+
+# --- ids ------------------------------------------------------------------------------------------------------------
+
+
+def test_id_stable_for_a_face_moving_a_few_pixels_per_frame() -> None:
+    tracker = IouTracker(iou_threshold=0.3, max_age_s=1.0)
+    box = (100.0, 80.0, 180.0, 180.0)
+    ids = []
+    for frame in range(30):
+        det = moved(box, 3.0 * frame, 2.0 * frame)  # 90 px right, 60 px down overall: far from the start box
+        ids.append(tracker.update([det], frame * DT))
+    assert all(len(i) == 1 for i in ids)
+    assert len({i[0] for i in ids}) == 1
+    assert len(tracker.tracks) == 1
+
+
+def test_crossing_faces_keep_distinct_ids() -> None:
+    tracker = IouTracker(iou_threshold=0.3, max_age_s=1.0)
+    # A moves right, B moves left on an overlapping row band; they pass through each other around frame 25.
+    a0, b0 = (0.0, 0.0, 100.0, 100.0), (200.0, 40.0, 300.0, 140.0)
+    prev_a = prev_b = None
+    id_a = id_b = None
+    for frame in range(50):
+        a, b = moved(a0, 4.0 * frame), moved(b0, -4.0 * frame)
+        if prev_a is not None:
+            # precondition of the scenario: each face overlaps its own previous box more than the other's
+            m = iou_matrix(np.array([a.box, b.box]), np.array([prev_a.box, prev_b.box]))
+            assert m[0, 0] > m[0, 1] and m[1, 1] > m[1, 0]
+        order = [a, b] if frame % 2 == 0 else [b, a]  # the list order must not decide the matching
+        ids = tracker.update(order, frame * DT)
+        got_a, got_b = (ids[0], ids[1]) if frame % 2 == 0 else (ids[1], ids[0])
+        if frame == 0:
+            id_a, id_b = got_a, got_b
+            assert id_a != id_b
+        assert (got_a, got_b) == (id_a, id_b), f"frame {frame}"
+        prev_a, prev_b = a, b
+    # they really crossed: A ended right of where B started
+    assert prev_a.box[0] > b0[0] - 50 and prev_b.box[2] < a0[2] + 50
+
+
+def test_new_face_gets_new_id() -> None:
+    tracker = IouTracker()
+    first = tracker.update([face(0, 0, 50, 50)], 0.0)
+    both = tracker.update([face(1, 0, 51, 50), face(300, 300, 360, 360)], DT)
+    assert both[0] == first[0]
+    assert both[1] != first[0]
+    third = tracker.update([face(2, 0, 52, 50), face(301, 300, 361, 360), face(500, 0, 560, 60)], 2 * DT)
+    assert third[:2] == both
+    assert len(set(third)) == 3
+
+
+def test_two_detections_never_share_a_track() -> None:
+    tracker = IouTracker(iou_threshold=0.3)
+    (tid,) = tracker.update([face(0, 0, 100, 100)], 0.0)
+    # two detections both overlapping the one track well: only the better one continues it
+    ids = tracker.update([face(5, 0, 105, 100), face(1, 0, 101, 100)], DT)
+    assert ids[1] == tid and ids[0] != tid
+
+
+def test_track_expires_after_max_age_and_reappearing_face_gets_new_id() -> None:
+    tracker = IouTracker(max_age_s=0.5)
+    box = face(10, 10, 90, 90)
+    (old,) = tracker.update([box], 0.0)
+    assert tracker.update([], 0.3) == []
+    (new,) = tracker.update([box], 0.75)  # unseen for 0.75 s > 0.5 s
+    assert new != old
+
+
+def test_track_within_max_age_keeps_its_id() -> None:
+    tracker = IouTracker(max_age_s=0.5)
+    box = face(10, 10, 90, 90)
+    (old,) = tracker.update([box], 0.0)
+    for t in (0.1, 0.2, 0.3):
+        assert tracker.update([], t) == []
+    (again,) = tracker.update([moved(box.box, 2.0)], 0.5)  # exactly max_age: still alive
+    assert again == old
+    (later,) = tracker.update([box], 0.95)  # 0.45 s after the last sighting
+    assert later == old
+
+
+def test_low_overlap_starts_a_new_track() -> None:
+    tracker = IouTracker(iou_threshold=0.5)
+    (a,) = tracker.update([face(0, 0, 4, 2)], 0.0)
+    (b,) = tracker.update([face(2, 0, 6, 2)], DT)  # IoU 1/3 < 0.5
+    assert b != a
+
+
+# --- smoothing ------------------------------------------------------------------------------------------------------
+
+
+OLD = (0.8, 0.0, 0.0, 0.1, 0.0, 0.0, 0.1)
+NEW = (0.0, 0.0, 0.0, 0.1, 0.0, 0.2, 0.7)
+
+
+def _tracker_with_track(half_life_ms: float, t0: float = 5.0) -> tuple[IouTracker, int]:
+    tracker = IouTracker(max_age_s=10.0, half_life_ms=half_life_ms)
+    (tid,) = tracker.update([face(0, 0, 50, 50)], t0)
+    return tracker, tid
+
+
+def test_first_smoothing_returns_the_scores() -> None:
+    tracker, tid = _tracker_with_track(300.0)
+    out = tracker.smooth(tid, scores(*OLD), 5.0)
+    np.testing.assert_allclose(out.probs, OLD, atol=1e-7)
+    assert out.probs.dtype == np.float32
+
+
+def test_smoothing_one_half_life_is_halfway() -> None:
+    tracker, tid = _tracker_with_track(300.0)
+    tracker.smooth(tid, scores(*OLD), 5.0)
+    out = tracker.smooth(tid, scores(*NEW), 5.3)
+    halfway = (np.array(OLD) + np.array(NEW)) / 2
+    assert np.allclose(out.probs, halfway, atol=1e-6)
+    out = tracker.smooth(tid, scores(*NEW), 5.6)  # another half-life: three quarters of the way
+    assert np.allclose(out.probs, 0.25 * np.array(OLD) + 0.75 * np.array(NEW), atol=1e-6)
+    assert out.emotion == "neutral"
+
+
+def test_zero_half_life_means_no_smoothing() -> None:
+    tracker, tid = _tracker_with_track(0.0)
+    tracker.smooth(tid, scores(*OLD), 5.0)
+    out = tracker.smooth(tid, scores(*NEW), 5.01)
+    np.testing.assert_allclose(out.probs, NEW, atol=1e-7)
+
+
+def test_smoothing_is_frame_rate_independent() -> None:
+    slow, slow_id = _tracker_with_track(300.0)
+    fast, fast_id = _tracker_with_track(300.0)
+    slow.smooth(slow_id, scores(*OLD), 5.0)
+    fast.smooth(fast_id, scores(*OLD), 5.0)
+    one_step = slow.smooth(slow_id, scores(*NEW), 5.3)
+    for k in range(1, 11):
+        ten_steps = fast.smooth(fast_id, scores(*NEW), 5.0 + 0.03 * k)
+    np.testing.assert_allclose(ten_steps.probs, one_step.probs, atol=1e-6)
+    # and both differ clearly from the unsmoothed input (the check above is not trivially true)
+    assert np.abs(one_step.probs - np.array(NEW)).max() > 0.3
+
+
+def test_smoothing_is_per_track() -> None:
+    tracker = IouTracker(half_life_ms=300.0)
+    a, b = tracker.update([face(0, 0, 50, 50), face(200, 200, 250, 250)], 0.0)
+    tracker.smooth(a, scores(*OLD), 0.0)
+    tracker.smooth(b, scores(*NEW), 0.0)
+    out_a = tracker.smooth(a, scores(*NEW), 0.3)
+    out_b = tracker.smooth(b, scores(*NEW), 0.3)
+    assert np.allclose(out_a.probs, (np.array(OLD) + np.array(NEW)) / 2, atol=1e-6)
+    assert np.allclose(out_b.probs, NEW, atol=1e-6)
