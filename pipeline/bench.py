@@ -28,6 +28,8 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     analyze.add_argument("--config", type=Path, default=PROJECT_ROOT / "config" / "default.yaml")
     analyze.add_argument("--fer-python", type=Path, default=Path("/opt/fer-venv/bin/python"),
                          help="interpreter of a venv with tensorflow-cpu and fer==25.10.3 (skip fer if absent)")
+    analyze.add_argument("--detector-input", default="320x192", metavar="WxH",
+                         help="our detector input size (default 320x192: fits 16:9 video at 320 px wide)")
     analyze.add_argument("--repeat", type=int, default=2, help="alternate the two tools this many times each")
     analyze.add_argument("--json", type=Path, default=None, help="also write the results here")
 
@@ -47,10 +49,10 @@ def machine() -> dict[str, object]:
             "date": time.strftime("%Y-%m-%d"), "host": platform.node()}
 
 
-def _ours(video: Path, config: Path) -> dict[str, object]:
+def _ours(video: Path, config: Path, detector_input: str) -> dict[str, object]:
     """Run our analyze as a subprocess (same conditions as the baseline) and read its summary line."""
     cmd = [sys.executable, str(PROJECT_ROOT / "run_pipeline.py"), "analyze", str(video), "--config", str(config),
-           "--log-level", "warning"]
+           "--detector-input", detector_input, "--log-level", "warning"]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=PROJECT_ROOT)
     lines = [ln for ln in done.stderr.splitlines() if ln.startswith("summary: ")]
     if done.returncode != 0 or not lines:
@@ -74,13 +76,13 @@ def _fer(python: Path, video: Path) -> dict[str, object] | None:
 def bench_analyze(args: argparse.Namespace) -> dict[str, object]:
     runs: dict[str, list[dict[str, object]]] = {"ours": [], "fer": []}
     for _ in range(max(1, args.repeat)):  # alternate, so drift in machine load hits both tools alike
-        runs["ours"].append(_ours(args.video, args.config))
+        runs["ours"].append(_ours(args.video, args.config, args.detector_input))
         fer = _fer(args.fer_python, args.video)
         if fer is not None:
             runs["fer"].append(fer)
     best = {tool: max(r, key=lambda x: float(x["fps"])) for tool, r in runs.items() if r}  # type: ignore[arg-type]
     result: dict[str, object] = {"mode": "analyze", "video": str(args.video), "machine": machine(), "runs": runs,
-                                 "best": best}
+                                 "best": best, "detector_input": args.detector_input}
     if "fer" in best:
         result["ratio_fps"] = round(float(best["ours"]["fps"]) / float(best["fer"]["fps"]), 2)  # type: ignore[arg-type]
     return result

@@ -225,7 +225,7 @@ class EmotionConfig(StrictModel):
                                                              "detection box plus box_margin (measured best on "
                                                              "faces/wild, see BENCHMARKS.md), align = 5-point "
                                                              "similarity alignment onto FER2013's framing.")
-    box_margin: float = Field(0.1, ge=0, le=1, description="crop=box only: margin added on each side, as a "
+    box_margin: float = Field(0.0, ge=0, le=1, description="crop=box only: margin added on each side, as a "
                                                             "fraction of the box size.")
 
 

@@ -17,7 +17,7 @@ from pipeline.types import Detection, EmotionScores
 class EmotionClassifier:
     """Cuts faces as the manifest says and reads the seven canonical emotions through a shared BatchedModel."""
 
-    def __init__(self, model: BatchedModel, manifest: ModelManifest, crop: str = "align", box_margin: float = 0.1):
+    def __init__(self, model: BatchedModel, manifest: ModelManifest, crop: str = "box", box_margin: float = 0.0):
         if manifest.input.size is None:
             raise ValueError(f"emotion model {manifest.name}: manifest input.size is required")
         self.model = model
