@@ -18,13 +18,17 @@ import numpy as np
 
 from pipeline.camera_stats import RateMeter, RecentEvents
 from pipeline.redact import mask_secrets
-from pipeline.sources import SourceError, SourceEnded, VideoSource, open_source
+from pipeline.sources import OPEN_TIMEOUT_MS, SourceEnded, SourceError, VideoSource, open_source
 from pipeline.types import CameraEvent, CameraState, Frame
 
 if TYPE_CHECKING:
     from pipeline.config import CameraConfig
 
 log = logging.getLogger(__name__)
+
+READER_JOIN_S = 1.0
+# How long an opened-but-silent source may take to deliver its first frame, beyond stall_s.
+OPEN_GRACE_S = OPEN_TIMEOUT_MS / 1000.0
 
 # The lifecycle, written down once: state -> states it may move to.
 TRANSITIONS: dict[str, frozenset[str]] = {
@@ -90,8 +94,56 @@ class Backoff:
         self.attempt = 0
 
 
+class SourceReader(threading.Thread):
+    """Opens one source and reads it into the camera's slot until it fails, ends, or is abandoned.
+
+    All blocking I/O (FFmpeg opens and reads) happens here, never on the CaptureThread, so the camera's lifecycle
+    and shutdown never wait for a dead host. An abandoned reader finishes its current blocking call (bounded by
+    the source's own timeouts), then releases the source itself.
+    """
+
+    def __init__(self, cfg: CameraConfig, factory: Callable[[CameraConfig], VideoSource],
+                 publish: Callable[[np.ndarray], None]) -> None:
+        super().__init__(name=f"reader-{cfg.name}", daemon=True)
+        self.cfg = cfg
+        self.outcome: SourceError | SourceEnded | None = None
+        self.description = ""
+        self.started_mono = time.monotonic()
+        self.frames = 0
+        self._factory = factory
+        self._publish = publish
+        self._abandoned = threading.Event()
+
+    def abandon(self) -> None:
+        self._abandoned.set()
+
+    def run(self) -> None:
+        source: VideoSource | None = None
+        try:
+            source = self._factory(self.cfg)
+            self.description = source.describe()
+            while not self._abandoned.is_set():
+                image = source.read(timeout=self.cfg.reconnect.stall_s)
+                if self._abandoned.is_set():
+                    break
+                if image is None:
+                    raise SourceError("no frame within the read timeout")
+                self._publish(image)
+                self.frames += 1  # after publishing: the watcher reads `frames > 0` as "last_frame_mono is ours"
+        except (SourceError, SourceEnded) as exc:
+            self.outcome = exc
+        except Exception as exc:  # noqa: BLE001 - a decoder surprise must become a retry, not a dead camera
+            log.exception("camera %s: unexpected capture error", self.cfg.name)
+            self.outcome = SourceError(f"unexpected capture error: {exc}")
+        finally:
+            if source is not None:
+                source.close()
+
+
 class CaptureThread(threading.Thread):
-    """Reads one camera forever: open → read into the slot → on failure or stall, release and retry with backoff."""
+    """One camera's lifecycle: start a reader → watch it → on failure, end or stall, retry with backoff."""
+
+    POLL_S = 0.05
 
     def __init__(self, cfg: CameraConfig, stop: threading.Event, on_event: Callable[[CameraEvent], None],
                  source_factory: Callable[[CameraConfig], VideoSource] = open_source) -> None:
@@ -103,6 +155,7 @@ class CaptureThread(threading.Thread):
         self.reconnects = RecentEvents()
         self.stalls = RecentEvents()
         self.last_frame_mono: float | None = None
+        self.reader: SourceReader | None = None
         self._stop_event = stop
         self._on_event = on_event
         self._source_factory = source_factory
@@ -124,38 +177,44 @@ class CaptureThread(threading.Thread):
             while not self._stop_event.is_set() and self.state != "ended":
                 self._session()
         finally:
+            if self.reader is not None:
+                self.reader.abandon()
+                self.reader.join(READER_JOIN_S)  # files and the demo finish at once; a hung stream is left to time out
             if self.state != "ended":
                 self.set_state("stopped")
             self.slot.close()
 
     def _session(self) -> None:
-        """One open → read loop → release cycle; a failure schedules the next attempt."""
-        try:
-            source = self._source_factory(self.cfg)
-        except SourceError as exc:
-            self._retry_later(str(exc))
+        """Watch one reader until it fails, ends, stalls, or the pipeline stops."""
+        reader = SourceReader(self.cfg, self._source_factory, self._publish)
+        self.reader = reader
+        reader.start()
+        failure = self._watch(reader)
+        reader.abandon()
+        if failure is None:
             return
-        try:
-            self._read_loop(source)
-        except SourceEnded:
+        if isinstance(failure, SourceEnded):
             self.set_state("ended", "end of file")
-        except SourceError as exc:
-            self._retry_later(str(exc))
-        finally:
-            source.close()
+            return
+        self._retry_later(str(failure))
 
-    def _read_loop(self, source: VideoSource) -> None:
+    def _watch(self, reader: SourceReader) -> SourceError | SourceEnded | None:
         stall_s = self.cfg.reconnect.stall_s
-        while not self._stop_event.is_set():
-            image = source.read(timeout=stall_s)
-            if image is None:
-                self.stalls.mark()
-                self.set_state("stalled", f"no frame for {stall_s:g} s")
-                raise SourceError("stalled")
-            self._publish(image)
-            if self.state != "streaming":
-                self.set_state("streaming", source.describe())
+        while not self._stop_event.wait(self.POLL_S):
+            if not reader.is_alive():
+                return reader.outcome or SourceError("source closed")
+            if reader.frames and self.state != "streaming":
+                self.set_state("streaming", reader.description)
                 self._backoff.reset()
+            if reader.frames:
+                silent = time.monotonic() - (self.last_frame_mono or reader.started_mono)
+                if silent > stall_s:
+                    self.stalls.mark()
+                    self.set_state("stalled", f"no frame for {stall_s:g} s")
+                    return SourceError("stalled")
+            elif time.monotonic() - reader.started_mono > OPEN_GRACE_S + stall_s:
+                return SourceError("no frame after opening")
+        return None
 
     def _publish(self, image: np.ndarray) -> None:
         self._index += 1

@@ -508,6 +508,12 @@ class AppConfig(StrictModel):
                 raise ConfigValueError(f"duplicate camera name (already used by cameras[{first[camera.name]}])",
                                        key=(index, "name"), value=camera.name)
             first[camera.name] = index
+        rtsp = [(i, c.rtsp_transport) for i, c in enumerate(value) if c.source_kind == "rtsp"]
+        for index, transport in rtsp[1:]:
+            if transport != rtsp[0][1]:
+                raise ConfigValueError(f"every RTSP camera must use the same rtsp_transport (cameras[{rtsp[0][0]}] "
+                                       f"uses {rtsp[0][1]}): OpenCV hands FFmpeg options to the whole process",
+                                       key=(index, "rtsp_transport"), value=transport)
         return value
 
     @model_validator(mode="after")

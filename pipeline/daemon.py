@@ -22,6 +22,7 @@ from pipeline.events import camera_event, command_event, observation_event
 from pipeline.perception import Perception
 from pipeline.redact import mask_secrets
 from pipeline.sinks.base import EventBus, Sink, create_sink
+from pipeline.sources import configure_ffmpeg
 from pipeline.track import IouTracker
 from pipeline.types import CameraEvent, Observation
 from pipeline.worker import CameraWorker
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 
 OBSERVATION_QUEUE = 256
 JOIN_TIMEOUT_S = 2.0
+STATUS_LOG_S = 60.0
 
 
 @dataclass
@@ -113,6 +115,8 @@ class Daemon:
             sink.start()
         self.bus = EventBus(self.sinks)
         self._mapper_thread.start()
+        transports = {c.rtsp_transport for c in self.cfg.cameras if str(c.source).startswith(("rtsp://", "rtsps://"))}
+        configure_ffmpeg(transports.pop() if transports else "tcp")
         for cam_cfg in self.cfg.cameras:
             if cam_cfg.enabled:
                 self._start_camera(cam_cfg)
@@ -158,16 +162,30 @@ class Daemon:
         """Block until SIGINT/SIGTERM, `duration` seconds, or every camera ended; then stop in order."""
         self._install_signals()
         deadline = time.monotonic() + duration if duration else None
+        next_status = time.monotonic() + STATUS_LOG_S
         while not self.stop_event.is_set():
-            if deadline is not None and time.monotonic() >= deadline:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
                 log.info("duration reached, stopping")
                 break
             if self.cameras and not any(cam.capture.is_alive() for cam in self.cameras.values()):
                 log.info("every camera has ended, stopping")
                 break
+            if now >= next_status:
+                self.log_status()
+                next_status = now + STATUS_LOG_S
             self.stop_event.wait(0.2)
         self.stop()
         return 0
+
+    def log_status(self) -> None:
+        """One line per camera, at most once a minute: what an operator tails the journal for."""
+        for cam in self.cameras.values():
+            h = cam.health()
+            age = "-" if h.last_frame_age_s is None else f"{h.last_frame_age_s:.1f}s"
+            log.info("camera %s: %s, %s, in %.1f fps, analysed %.1f fps, skipped %d, reconnects/h %d, stalls/h %d, "
+                     "last frame %s ago", h.name, h.state, h.quality, h.fps_in, h.fps_analysed, h.frames_skipped,
+                     h.reconnects_1h, h.stalls_1h, age)
 
     def _install_signals(self) -> None:
         if threading.current_thread() is not threading.main_thread():

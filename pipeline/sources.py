@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 STREAM_SCHEMES = ("rtsp://", "rtsps://", "http://", "https://")
 OPEN_TIMEOUT_MS = 10_000
+READ_TIMEOUT_MARGIN_S = 2.0
 
 
 class SourceError(RuntimeError):
@@ -180,11 +181,21 @@ def _usb_source(cfg: CameraConfig, device: int | str) -> VideoSource:
     return OpenCvSource(cap, f"usb {device}")
 
 
+def configure_ffmpeg(rtsp_transport: str) -> None:
+    """Set FFmpeg's RTSP transport for every capture of this process.
+
+    OpenCV reads OPENCV_FFMPEG_CAPTURE_OPTIONS from the environment at each open, process-wide; setting it once,
+    before any camera starts, avoids changing the environment while other threads open streams (which is why the
+    config requires one rtsp_transport for all cameras)."""
+    os.environ["OPENCV_FFMPEG_CAPTURE_OPTIONS"] = f"rtsp_transport;{rtsp_transport}"
+
+
 def _stream_source(cfg: CameraConfig, url: str, stall_s: float) -> VideoSource:
-    if url.startswith(("rtsp://", "rtsps://")):
-        # FFmpeg options for OpenCV are process-wide; set before each open (capture opens are rare).
-        os.environ["OPENCV_FFMPEG_CAPTURE_OPTIONS"] = f"rtsp_transport;{cfg.rtsp_transport}"
-    params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, OPEN_TIMEOUT_MS, cv2.CAP_PROP_READ_TIMEOUT_MSEC, int(stall_s * 1000)]
+    if url.startswith(("rtsp://", "rtsps://")) and "OPENCV_FFMPEG_CAPTURE_OPTIONS" not in os.environ:
+        log.warning("configure_ffmpeg() was not called: FFmpeg picks the RTSP transport itself")
+    # The read timeout is a backstop past stall_s: the capture thread declares the stall itself, on time.
+    read_timeout_ms = int((stall_s + READ_TIMEOUT_MARGIN_S) * 1000)
+    params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, OPEN_TIMEOUT_MS, cv2.CAP_PROP_READ_TIMEOUT_MSEC, read_timeout_ms]
     cap = cv2.VideoCapture(url, cv2.CAP_FFMPEG, params)
     if not cap.isOpened():
         cap.release()

@@ -17,12 +17,12 @@ import cv2
 import pytest
 
 from tests.conftest import data_path
-from tests.servers.fixtures import (  # noqa: F401  (pytest fixtures)
+from tests.servers.fixtures import (  # noqa: F401  (importing the fixtures registers them)
     StartMjpeg,
     StartRtsp,
-    mjpeg_server,
+    mjpeg_server_fixture,
     open_capture,
-    rtsp_server,
+    rtsp_server_fixture,
 )
 
 READ_TIMEOUT_MS = 1000

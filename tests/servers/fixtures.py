@@ -2,7 +2,7 @@
 
 Use them from a test module (or list ``"tests.servers.fixtures"`` in ``pytest_plugins`` of a conftest):
 
-    from tests.servers.fixtures import mjpeg_server, rtsp_server  # noqa: F401  (pytest fixtures)
+    from tests.servers.fixtures import mjpeg_server_fixture, rtsp_server_fixture  # noqa: F401  (registers them)
 
     def test_reconnect(rtsp_server):
         server = rtsp_server(VIDEO)            # -> RtspProcess, already READY
@@ -16,6 +16,7 @@ skipped, with the reason, where those packages are missing.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -114,7 +115,7 @@ class RtspProcess:
                "--video", str(self.video)]
         if self.user is not None:
             cmd += ["--user", self.user, "--password", self.password or ""]
-        self._stderr = tempfile.TemporaryFile(mode="w+", prefix="rtsp_server_stderr")
+        self._stderr = tempfile.TemporaryFile(mode="w+", prefix="rtsp_server_stderr")  # noqa: SIM115 (closed in close())
         self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1)
         self._wait_ready()
         LOG.info("RTSP server pid %d ready at %s", self._proc.pid, self.url_with(None, None))
@@ -131,11 +132,14 @@ class RtspProcess:
                     line = self._proc.stdout.readline()
                     if line.startswith("READY "):
                         return
-                    if line == "":  # EOF: the process exited
+                    if line == "":  # EOF: the process is exiting
+                        _wait_quietly(self._proc, timeout=5)
                         break
+        exited = self._proc.poll() is not None
         self.kill()
-        pytest.fail(f"RTSP server on port {self.port} did not report READY within {READY_TIMEOUT_S:.0f} s "
-                    f"(exit status {self._proc.returncode}); stderr:\n{self.stderr_text()}")
+        what = (f"exited with status {self._proc.returncode}" if exited
+                else f"did not report READY within {READY_TIMEOUT_S:.0f} s")
+        pytest.fail(f"RTSP server on port {self.port} {what}; stderr:\n{self.stderr_text()}")
 
     def stderr_text(self) -> str:
         """What the server wrote to stderr so far (for failure messages)."""
@@ -192,12 +196,18 @@ class RtspProcess:
             self._stderr = None
 
 
+def _wait_quietly(proc: subprocess.Popen[str], timeout: float) -> None:
+    """Reap `proc` if it exits within `timeout`; otherwise leave it to the caller."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=timeout)
+
+
 StartRtsp = Callable[..., RtspProcess]
 StartMjpeg = Callable[..., MjpegServer]
 
 
-@pytest.fixture
-def rtsp_server() -> Iterator[StartRtsp]:
+@pytest.fixture(name="rtsp_server")
+def rtsp_server_fixture() -> Iterator[StartRtsp]:
     """Factory `start_rtsp(video, port=None, user=None, password=None, path="/cam") -> RtspProcess` (started).
 
     Skips the test when the GStreamer RTSP packages are missing.  Every server started through the factory is
@@ -219,8 +229,8 @@ def rtsp_server() -> Iterator[StartRtsp]:
         server.close()
 
 
-@pytest.fixture
-def mjpeg_server() -> Iterator[StartMjpeg]:
+@pytest.fixture(name="mjpeg_server")
+def mjpeg_server_fixture() -> Iterator[StartMjpeg]:
     """Factory `start_mjpeg(video, fps=None, max_frames=250) -> MjpegServer` (started, ephemeral port).
 
     Every server started through the factory is stopped at teardown, even when the test failed or stalled it.

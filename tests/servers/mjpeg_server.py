@@ -16,6 +16,8 @@ machine also runs the pipeline under test.  Only the standard library and OpenCV
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import socket
 import threading
@@ -166,7 +168,7 @@ class MjpegServer:
             else:
                 self._connections.discard(conn)
 
-    def _stream_to(self, wfile) -> None:  # type: ignore[no-untyped-def]
+    def _stream_to(self, wfile: io.BufferedIOBase) -> None:
         """Write frames paced at `fps`, looping the clip; park while stalled; return when stopping."""
         period = 1.0 / self.fps
         deadline = time.monotonic()
@@ -188,7 +190,5 @@ class MjpegServer:
 
 def _close_quietly(conn: socket.socket) -> None:
     """Shut a client socket down so a blocked write in its handler thread fails at once."""
-    try:
+    with contextlib.suppress(OSError):
         conn.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass

@@ -23,6 +23,7 @@ import argparse
 import logging
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,25 +62,47 @@ class Feeder:
     loop: int = 0
 
 
-def load_clip(video: Path) -> Clip:
+def load_clip(video: Path, timeout_s: float = 30.0) -> Clip:
     """Demux every H.264 access unit of `video` (fast, no decoding) so the server can loop it forever."""
+    if not video.is_file():
+        raise FileNotFoundError(video)
     pipeline = Gst.parse_launch(
         f'filesrc location="{video}" ! qtdemux ! h264parse '
         "! video/x-h264,stream-format=avc,alignment=au ! appsink name=sink sync=false")
-    sink = pipeline.get_by_name("sink")
     pipeline.set_state(Gst.State.PLAYING)
-    units: list[Gst.Buffer] = []
-    caps = None
-    while (sample := sink.emit("pull-sample")) is not None:
-        caps = sample.get_caps()
-        units.append(sample.get_buffer())
-    pipeline.set_state(Gst.State.NULL)
-    if caps is None or not units:
-        raise RuntimeError(f"{video}: no H.264 video track found (only H.264 mp4 files are served)")
+    try:
+        caps, units = pull_all(pipeline, timeout_s)
+    finally:
+        pipeline.set_state(Gst.State.NULL)
     last = units[-1]
     loop_ns = last.dts + last.duration if last.dts != Gst.CLOCK_TIME_NONE else last.pts + last.duration
     LOG.info("loaded %s: %d access units, %.2f s per loop", video, len(units), loop_ns / 1e9)
     return Clip(caps=caps, units=units, loop_ns=loop_ns)
+
+
+def pull_all(pipeline: Gst.Pipeline, timeout_s: float) -> tuple[Gst.Caps, list[Gst.Buffer]]:
+    """Every sample of the pipeline's appsink until EOS; raise on a pipeline error instead of hanging.
+
+    A plain ``pull-sample`` blocks forever when the demuxer fails (e.g. not an mp4), since no EOS ever comes.
+    """
+    sink, bus = pipeline.get_by_name("sink"), pipeline.get_bus()
+    units: list[Gst.Buffer] = []
+    caps = None
+    deadline = time.monotonic() + timeout_s
+    while not sink.get_property("eos"):
+        sample = sink.emit("try-pull-sample", 100 * Gst.MSECOND)
+        if sample is not None:
+            caps = sample.get_caps()
+            units.append(sample.get_buffer())
+            continue
+        error = bus.pop_filtered(Gst.MessageType.ERROR)
+        if error is not None:
+            raise RuntimeError(f"cannot demux: {error.parse_error()[0].message}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"demuxing took more than {timeout_s} s")
+    if caps is None or not units:
+        raise RuntimeError("no H.264 video track found (only H.264 mp4 files are served)")
+    return caps, units
 
 
 def shifted(unit: Gst.Buffer, offset_ns: int) -> Gst.Buffer:
@@ -162,7 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s rtsp_server %(message)s")
     args = parse_args(argv)
     Gst.init(None)
-    server = build_server(args, load_clip(args.video))
+    try:
+        clip = load_clip(args.video)
+    except (OSError, RuntimeError) as exc:  # missing file, not an H.264 mp4, demux timeout
+        LOG.error("cannot serve %s: %s", args.video, exc)
+        return 1
+    server = build_server(args, clip)
     loop = GLib.MainLoop()
     if server.attach(None) == 0:  # gst-rtsp-server logs the reason, e.g. address already in use
         LOG.error("cannot listen on 127.0.0.1:%s", args.port)
