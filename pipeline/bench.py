@@ -2,6 +2,7 @@
 
 Modes:
   analyze  — our `analyze` on a video vs the `fer` package (Haar + the same mini-Xception) in its own venv.
+  capture  — CPU cost of capture alone (decode + pacing), per camera, for N cameras replaying a file in real time.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 FER_SCRIPT = Path(__file__).resolve().parent / "bench_fer_baseline.py"
 
 
-def add_bench_args(parser: argparse.ArgumentParser) -> None:
+def add_bench_args(parser: argparse.ArgumentParser, parents: list[argparse.ArgumentParser]) -> None:
     modes = parser.add_subparsers(dest="mode", metavar="MODE", required=True)
-    analyze = modes.add_parser("analyze", help="analyze a video vs the fer package, in one run")
+    analyze = modes.add_parser("analyze", parents=parents, help="analyze a video vs the fer package, in one run")
     analyze.add_argument("--video", type=Path, required=True)
     analyze.add_argument("--config", type=Path, default=PROJECT_ROOT / "config" / "default.yaml")
     analyze.add_argument("--fer-python", type=Path, default=Path("/opt/fer-venv/bin/python"),
@@ -32,6 +33,12 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
                          help="our detector input size (default 320x192: fits 16:9 video at 320 px wide)")
     analyze.add_argument("--repeat", type=int, default=2, help="alternate the two tools this many times each")
     analyze.add_argument("--json", type=Path, default=None, help="also write the results here")
+
+    capture = modes.add_parser("capture", parents=parents, help="CPU cost of capture per camera (no inference)")
+    capture.add_argument("--video", type=Path, action="append", required=True, help="repeatable")
+    capture.add_argument("--cameras", type=int, default=1, help="cameras replaying each video at once")
+    capture.add_argument("--seconds", type=float, default=10.0)
+    capture.add_argument("--json", type=Path, default=None)
 
 
 def machine() -> dict[str, object]:
@@ -98,9 +105,49 @@ def print_analyze_table(result: dict[str, object]) -> None:
         print(f"ours / fer frames per second: {result['ratio_fps']}x")
 
 
+def bench_capture(args: argparse.Namespace) -> dict[str, object]:
+    """Run capture threads only and read the process CPU time: the decode share of one camera."""
+    import resource
+    import threading
+
+    from pipeline.capture import CaptureThread
+    from pipeline.config import CameraConfig
+
+    rows = []
+    for video in args.video:
+        stop = threading.Event()
+        cams = [CaptureThread(CameraConfig(name=f"c{i}", source=str(video), loop=True), stop, lambda _e: None)
+                for i in range(args.cameras)]
+        before, t0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+        for cam in cams:
+            cam.start()
+        time.sleep(args.seconds)
+        stop.set()
+        for cam in cams:
+            cam.join(5)
+        after, wall = resource.getrusage(resource.RUSAGE_SELF), time.monotonic() - t0
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        frames = sum(cam.frames_in.total for cam in cams)
+        rows.append({"video": video.name, "cameras": args.cameras, "fps_per_camera": round(frames / wall / args.cameras, 1),
+                     "cpu_percent_per_camera": round(100 * cpu / wall / args.cameras, 1),
+                     "cpu_ms_per_frame": round(1000 * cpu / max(frames, 1), 2)})
+    return {"mode": "capture", "machine": machine(), "rows": rows}
+
+
+def print_capture_table(result: dict[str, object]) -> None:
+    print(f"{'video':24} {'cams':>4} {'fps/cam':>8} {'CPU %/cam':>10} {'CPU ms/frame':>13}")
+    for row in result["rows"]:  # type: ignore[attr-defined]
+        print(f"{row['video']:24} {row['cameras']:>4} {row['fps_per_camera']:>8} {row['cpu_percent_per_camera']:>10}"
+              f" {row['cpu_ms_per_frame']:>13}")
+
+
 def run_bench(args: argparse.Namespace) -> int:
-    result = bench_analyze(args)
-    print_analyze_table(result)
+    if args.mode == "capture":
+        result = bench_capture(args)
+        print_capture_table(result)
+    else:
+        result = bench_analyze(args)
+        print_analyze_table(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return 0

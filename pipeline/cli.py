@@ -114,10 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--detector-input", type=_size, default=None, metavar="WxH",
                          help="override detector.input_size, e.g. 320x192")
 
-    bench = sub.add_parser("bench", parents=[common], help="measure throughput and latency")
+    bench = sub.add_parser("bench", help="measure throughput and latency")
     from pipeline.bench import add_bench_args
 
-    add_bench_args(bench)
+    add_bench_args(bench, [common])
     return parser
 
 
