@@ -132,7 +132,9 @@ class BatchedModel:
             return
         started = time.monotonic()
         try:
-            stacked = np.stack([r.item for r in batch])
+            first = batch[0].item
+            buffer = self.backend.staging(lane, len(batch), first.shape, first.dtype)
+            stacked = np.stack([r.item for r in batch], out=buffer)
             outputs = self.backend.run({self._input_name: stacked}, lane)
         except Exception as exc:  # noqa: BLE001 - any backend failure belongs to the callers' futures
             log.error("%s: batch of %d failed: %s", self.name, len(batch), exc)

@@ -3,6 +3,8 @@
 Modes:
   analyze  — our `analyze` on a video vs the `fer` package (Haar + the same mini-Xception) in its own venv.
   capture  — CPU cost of capture alone (decode + pacing), per camera, for N cameras replaying a file in real time.
+  engine   — one model alone per precision and batch size (bench_engine.py).
+  pipeline — N cameras in real time, batched vs naive design, same run (bench_pipeline.py).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ FER_SCRIPT = Path(__file__).resolve().parent / "bench_fer_baseline.py"
 
 
 def add_bench_args(parser: argparse.ArgumentParser, parents: list[argparse.ArgumentParser]) -> None:
-    modes = parser.add_subparsers(dest="mode", metavar="MODE", required=True)
+    modes = parser.add_subparsers(dest="bench_mode", metavar="MODE", required=True)
     analyze = modes.add_parser("analyze", parents=parents, help="analyze a video vs the fer package, in one run")
     analyze.add_argument("--video", type=Path, required=True)
     analyze.add_argument("--config", type=Path, default=PROJECT_ROOT / "config" / "default.yaml")
@@ -39,6 +41,12 @@ def add_bench_args(parser: argparse.ArgumentParser, parents: list[argparse.Argum
     capture.add_argument("--cameras", type=int, default=1, help="cameras replaying each video at once")
     capture.add_argument("--seconds", type=float, default=10.0)
     capture.add_argument("--json", type=Path, default=None)
+
+    from pipeline.bench_engine import add_engine_args
+    from pipeline.bench_pipeline import add_pipeline_args
+
+    add_engine_args(modes.add_parser("engine", parents=parents, help="one model: throughput and latency per batch"))
+    add_pipeline_args(modes.add_parser("pipeline", parents=parents, help="N cameras: batched vs naive"))
 
 
 def machine() -> dict[str, object]:
@@ -142,12 +150,15 @@ def print_capture_table(result: dict[str, object]) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    if args.mode == "capture":
-        result = bench_capture(args)
-        print_capture_table(result)
-    else:
-        result = bench_analyze(args)
-        print_analyze_table(result)
+    from pipeline.bench_engine import bench_engine, print_engine_table
+    from pipeline.bench_pipeline import bench_pipeline, print_pipeline_table
+
+    modes = {"analyze": (bench_analyze, print_analyze_table), "capture": (bench_capture, print_capture_table),
+             "engine": (bench_engine, print_engine_table), "pipeline": (bench_pipeline, print_pipeline_table)}
+    measure, show = modes[args.bench_mode]
+    result = measure(args)
+    result.setdefault("machine", machine())
+    show(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return 0

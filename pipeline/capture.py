@@ -86,8 +86,9 @@ class Backoff:
         self._rng = rng or random.Random()
 
     def next_delay(self) -> float:
-        ceiling = min(self.max_s, self.initial_s * (2 ** self.attempt))
-        self.attempt += 1
+        ceiling = min(self.max_s, self.initial_s * (2 ** min(self.attempt, 60)))
+        if ceiling < self.max_s:  # stop growing at the cap: a camera may stay down for days
+            self.attempt += 1
         return max(self.initial_s / 2, self._rng.uniform(ceiling / 2, ceiling))
 
     def reset(self) -> None:
@@ -201,11 +202,11 @@ class CaptureThread(threading.Thread):
     def _watch(self, reader: SourceReader) -> SourceError | SourceEnded | None:
         stall_s = self.cfg.reconnect.stall_s
         while not self._stop_event.wait(self.POLL_S):
-            if not reader.is_alive():
-                return reader.outcome or SourceError("source closed")
-            if reader.frames and self.state != "streaming":
+            if reader.frames and self.state != "streaming":  # before the liveness check: a short session counts
                 self.set_state("streaming", reader.description)
                 self._backoff.reset()
+            if not reader.is_alive():
+                return reader.outcome or SourceError("source closed")
             if reader.frames:
                 silent = time.monotonic() - (self.last_frame_mono or reader.started_mono)
                 if silent > stall_s:

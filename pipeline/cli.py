@@ -1,4 +1,4 @@
-"""Command line: `run` (default), `check-config`, `prepare-models`, `analyze`, `bench`.
+"""Command line: `run` (default), `check-config`, `prepare-models`, `build-engine`, `analyze`, `bench`.
 
 Exit codes (SPEC.md): 0 ok; 1 runtime failure; 2 bad config, usage or input; 3 model or engine problem.
 No traceback reaches an operator for a foreseeable problem: each is caught here and printed as one clear line.
@@ -31,17 +31,25 @@ class UsageError(Exception):
 
 
 def _load(path: Path) -> AppConfig:
+    from pipeline.credentials import export_credentials
+
+    export_credentials()  # systemd LoadCredential= files become ${VAR}s (no-op outside systemd)
     return load_config(path)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from pipeline.daemon import Daemon
+    from pipeline.server import ServerStartError
 
     cfg = _load(args.config)
     setup_logging(args.log_level or cfg.logging.level, cfg.logging.format)
-    daemon = Daemon(cfg)
+    daemon = Daemon(cfg, config_path=args.config, log_level=args.log_level)
     try:
         daemon.start()
+    except ServerStartError as exc:  # e.g. port in use: one line, no traceback
+        daemon.stop()
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
     except BaseException:
         daemon.stop()
         raise
@@ -68,6 +76,29 @@ def cmd_prepare_models(args: argparse.Namespace) -> int:
     for name in names:
         for path in prepare_model(load_manifest(name), precisions, args.calib, force=args.force):  # type: ignore[arg-type]
             print(path)
+    return EXIT_OK
+
+
+def cmd_build_engine(args: argparse.Namespace) -> int:
+    from pipeline.engine_build import build_for_cli, require_gpu_packages
+    from pipeline.manifest import load_manifest
+    from pipeline.models import ensure_model
+
+    require_gpu_packages()  # before anything slow: without TensorRT and pycuda there is nothing to build with
+    cfg = _load(args.config)
+    precision = args.precision or cfg.inference.precision
+    if precision not in ("fp32", "fp16", "int8"):
+        raise UsageError(f"--precision: unknown {precision} (choose from fp32, fp16, int8)")
+    max_batch = args.max_batch or cfg.inference.max_batch
+    if not 1 <= max_batch <= 1024:
+        raise UsageError(f"--max-batch: {max_batch} is outside 1..1024")
+    input_size = args.input_size or cfg.detector.input_size
+    for name in args.model or [cfg.detector.model, cfg.emotion.model]:
+        manifest = load_manifest(name)
+        onnx_path = ensure_model(manifest, precision)
+        result = build_for_cli(manifest, onnx_path, precision, max_batch, input_size, force=args.force)
+        state = "built" if result.built else "up to date"
+        print(f"{result.engine} ({state})")
     return EXIT_OK
 
 
@@ -105,6 +136,17 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     prep.add_argument("--force", action="store_true", help="rebuild even if valid files exist")
 
+    engine = sub.add_parser("build-engine", parents=[common],
+                            help="build TensorRT engines into engines/ (needs TensorRT, pycuda and a GPU)")
+    engine.add_argument("--model", action="append", help="model name (default: the config's detector and emotion)")
+    engine.add_argument("--precision", choices=["fp32", "fp16", "int8"], default=None,
+                        help="which prepared ONNX to build from (default: inference.precision)")
+    engine.add_argument("--max-batch", type=int, default=None, help="largest batch (default: inference.max_batch)")
+    engine.add_argument("--input-size", type=_size, default=None, metavar="WxH",
+                        help="detector input size (default: the config's detector.input_size)")
+    engine.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    engine.add_argument("--force", action="store_true", help="rebuild even if a matching engine exists")
+
     analyze = sub.add_parser("analyze", parents=[common], help="images, folders or videos -> one JSON line per image/frame")
     analyze.add_argument("paths", nargs="+", type=Path)
     analyze.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
@@ -138,6 +180,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run,
     "check-config": cmd_check_config,
     "prepare-models": cmd_prepare_models,
+    "build-engine": cmd_build_engine,
     "analyze": cmd_analyze,
     "bench": cmd_bench,
 }

@@ -321,7 +321,15 @@ def _rule(preset: str, weight: float, style: str, pitch: str = "+0%", rate: str 
 
 
 def default_rules() -> dict[str, RuleConfig]:
-    """The built-in answer to each emotion: mirror positive ones, calm and reassure on negative ones."""
+    """The built-in answer to each emotion: mirror positive ones, calm and reassure on negative ones.
+
+    The avatar answers the person rather than copying them: happiness and surprise are mirrored (VRM `happy`,
+    `surprised`), sadness is met with a soft `sad` face and an empathetic, slower, quieter voice, and the
+    negative-arousal emotions are calmed. VRM 1.0 has no fear or disgust preset (its presets are happy, angry, sad,
+    relaxed, surprised, neutral), and mirroring anger or disgust at a visitor would be rude anyway: anger and fear
+    get `relaxed` with a calm or reassuring, lower and slower voice, disgust a neutral face with a calm voice.
+    A rule may name a custom expression instead (e.g. `fear`) when the avatar defines one.
+    """
     return {
         "angry": _rule("relaxed", 0.6, "calm", "-5%", "-10%"),
         "disgust": _rule("neutral", 0.5, "calm"),
@@ -340,12 +348,22 @@ def _check_emotion(name: str) -> str:
 
 
 class BehaviorConfig(StrictModel):
-    """How detected emotions become avatar commands."""
+    """How detected emotions become avatar commands (see `pipeline.behavior` for the exact rules)."""
 
-    attention: Literal["largest", "center", "all"] = Field("largest", description="Which face the avatar answers: "
-                                                           "the largest, the one nearest the center, or all faces.")
-    min_confidence: float = Field(0.45, ge=0, le=1, description="Smoothed confidence below which an emotion is "
-                                                                "ignored.")
+    attention: Literal["largest", "center", "all", "room"] = Field(
+        "largest",
+        description="Whose emotion the avatar answers: largest = the largest face, center = the face nearest the "
+                    "frame centre (both sticky: a new face must be clearly larger or closer to take over); all = "
+                    "every face, one command stream per track; room = the room mood: one command stream per "
+                    "camera (target null) from the mean of all faces' smoothed probabilities, each face weighted "
+                    "by its box area.")
+    min_confidence: float = Field(0.45, ge=0, le=1, description="Enter threshold: an emotion counts only while it "
+                                                                "is the top smoothed emotion with at least this "
+                                                                "confidence (and must stay so for dwell_ms).")
+    exit_confidence: float = Field(0.35, ge=0, le=1, description="Exit threshold (hysteresis), at most "
+                                   "min_confidence: the emotion the avatar shows is kept while its smoothed "
+                                   "probability stays at or above this, so no other emotion replaces it until it "
+                                   "falls below. Left out, it is 0.35, or min_confidence when that is lower.")
     dwell_ms: float = Field(400.0, ge=0, description="An emotion must hold this long before the avatar reacts.")
     cooldown_ms: float = Field(1500.0, ge=0, description="Minimum time between two commands for the same target.")
     idle_after_s: float = Field(5.0, ge=0, description="With no face for this long, send the neutral (idle) "
@@ -361,6 +379,19 @@ class BehaviorConfig(StrictModel):
         """Users override single emotions; the other emotions keep their defaults, so every emotion has a rule."""
         defaults = default_rules()
         return {emotion: value.get(emotion, defaults[emotion]) for emotion in EMOTIONS}
+
+    @model_validator(mode="after")
+    def _exit_within_enter(self) -> BehaviorConfig:
+        """Hysteresis needs exit <= enter; an unset exit follows a lower min_confidence instead of failing."""
+        if self.exit_confidence > self.min_confidence:
+            if "exit_confidence" not in self.model_fields_set:
+                self.__dict__["exit_confidence"] = self.min_confidence  # frozen model: set the derived default once
+            else:
+                raise ConfigValueError(f"must not exceed min_confidence ({self.min_confidence:g}): the emotion "
+                                       "shown is kept until it falls below exit_confidence, and a new one is taken "
+                                       "at min_confidence or above",
+                                       key="exit_confidence", value=self.exit_confidence)
+        return self
 
     def rule_for(self, emotion: str) -> RuleConfig:
         """The rule for `emotion`; unknown labels fall back to neutral's rule."""
@@ -389,14 +420,53 @@ class WebsocketOutput(StrictModel):
 
 
 class OscOutput(StrictModel):
-    """Commands sent over OSC/UDP, e.g. to a VMC-protocol avatar app."""
+    """Events sent over OSC/UDP, e.g. to a VMC-protocol avatar app (address scheme in `pipeline.sinks.osc`)."""
 
     type: Literal["osc"] = Field("osc", description="Output kind.")
     host: str = Field("127.0.0.1", min_length=1, description="Receiver host name or IP address.")
     port: int = Field(39539, ge=1, le=65535, description="Receiver UDP port (39539 is the VMC default).")
-    protocol: Literal["vmc", "plain"] = Field("vmc", description="vmc: /VMC/Ext/Blend/Val + Apply bundles; plain: "
-                                                                 "one message per command.")
-    queue_size: int = Field(256, ge=1, le=100_000, description="Commands buffered before the oldest are dropped.")
+    protocol: Literal["vmc", "plain"] = Field("vmc", description="vmc: each command is one bundle of "
+                                              "/VMC/Ext/Blend/Val (name, value) for every preset followed by "
+                                              "/VMC/Ext/Blend/Apply; plain: /emotion/<camera>/command, .../tone, "
+                                              ".../faces, .../top and .../state messages.")
+    presets: list[str] = Field(default_factory=list, description="vmc: custom expression names to reset to 0 in "
+                               "every bundle, besides the VRM 1.0 presets and the custom names the rules use.")
+    events: list[EventName] | None = Field(None, description="Event types sent; left out = what the protocol "
+                                           "carries: vmc commands only; plain commands, observations and camera "
+                                           "states.")
+    queue_size: int = Field(256, ge=1, le=100_000, description="Events buffered before new ones are dropped "
+                                                               "(and counted).")
+
+    @field_validator("presets")
+    @classmethod
+    def _check_presets(cls, value: list[str]) -> list[str]:
+        """The names become OSC string arguments; keep them to the alphabet of rule presets."""
+        for index, name in enumerate(value):
+            if not _PRESET_NAME.match(name):
+                raise ConfigValueError("must be a non-empty name of letters, digits, '_', '.' or '-'",
+                                       key=(index,), value=name)
+        return value
+
+    @field_validator("events")
+    @classmethod
+    def _vmc_sends_commands(cls, value: list[EventName] | None, info: ValidationInfo) -> list[EventName] | None:
+        """VMC has no message for an observation or a camera state; asking for them is a misunderstanding.
+
+        A field validator rather than a model one, so the error is located at `events` inside the outputs union.
+        """
+        if value is not None and not value:
+            raise ValueError("list at least one event type: observation, command, camera")
+        if value is not None and info.data.get("protocol") == "vmc" and set(value) != {"command"}:
+            raise ValueError("protocol vmc sends commands only: use events: [command] (or leave it out), or "
+                             "protocol: plain for observations and camera states")
+        return value
+
+    @model_validator(mode="after")
+    def _events_for_protocol(self) -> OscOutput:
+        """Left out, `events` becomes what the protocol carries, so every consumer sees a plain list."""
+        if self.events is None:
+            self.__dict__["events"] = ["command"] if self.protocol == "vmc" else list(ALL_EVENTS)
+        return self
 
 
 class WebhookOutput(StrictModel):
@@ -405,11 +475,17 @@ class WebhookOutput(StrictModel):
     type: Literal["webhook"] = Field("webhook", description="Output kind.")
     url: str = Field(description="Endpoint receiving a POST per event; http:// or https://.")
     timeout_s: float = Field(2.0, gt=0, le=60, description="Timeout of one request, in seconds.")
-    retries: int = Field(2, ge=0, le=10, description="Retries of a failed request before the event is dropped.")
-    bearer_token: str | None = Field(None, description="Sent as `Authorization: Bearer TOKEN` when set.")
+    retries: int = Field(2, ge=0, le=10, description="Retries of a request that failed to connect, timed out "
+                                                     "or got a 5xx answer, before the event is dropped (and "
+                                                     "counted as failed); a 4xx answer is never retried.")
+    backoff_s: float = Field(0.5, gt=0, le=60, description="Wait before the first retry, in seconds; doubles "
+                                                           "before each further retry.")
+    bearer_token: str | None = Field(None, description="Sent as `Authorization: Bearer TOKEN` when set; never "
+                                                       "logged. Use ${VAR} to keep it out of the file.")
     events: list[EventName] = Field(default_factory=lambda: ["command"], min_length=1,
                                     description="Event types posted (default: commands only).")
-    queue_size: int = Field(256, ge=1, le=100_000, description="Events buffered before the oldest are dropped.")
+    queue_size: int = Field(256, ge=1, le=100_000, description="Events buffered before new ones are dropped "
+                                                               "(and counted).")
 
     @field_validator("url")
     @classmethod
@@ -424,6 +500,16 @@ class WebhookOutput(StrictModel):
     def _empty_token_is_none(cls, value: object) -> object:
         """`${HOOK_TOKEN:-}` with the variable unset means no token."""
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("bearer_token")
+    @classmethod
+    def _one_kind_of_auth(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """A request carries one Authorization header: basic (user:password@ in the URL) or bearer, not both."""
+        url = info.data.get("url")
+        if value is not None and isinstance(url, str) and urlsplit(url).password is not None:
+            raise ValueError("the url already has credentials (user:password@, sent as basic auth): use either "
+                             "them or bearer_token, not both")
+        return value
 
 
 OutputConfig = Annotated[Union[StdoutOutput, WebsocketOutput, OscOutput, WebhookOutput], Field(discriminator="type")]

@@ -1,7 +1,10 @@
-"""Wires the pipeline together and owns its lifetime: one stop event, ordered start and shutdown.
+"""Wires the pipeline together and owns its lifetime: one stop event, ordered start, reload and shutdown.
 
-Start: models (warm) → outputs → behaviour → cameras. Stop: cameras → workers → models (finish in-flight batches)
-→ behaviour (drain) → outputs (flush). Every join has a timeout, so a wedged stage cannot hold the process.
+Start: status server (fails fast on a taken port) → models (warm) → outputs → behaviour → cameras → READY=1.
+Stop (SIGTERM/SIGINT): STOPPING=1 → cameras → workers → models (finish in-flight batches) → behaviour (drain) →
+outputs (flush) → server. Every join has a share of a ~3 s budget, so a wedged stage cannot hold the process.
+Reload (SIGHUP): the signal handler only raises a flag; the main loop re-reads the file (pipeline.reload decides what
+to restart). The main loop also feeds the systemd watchdog, only while every stage beats (pipeline.status).
 """
 
 from __future__ import annotations
@@ -11,36 +14,75 @@ import queue
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from collections import Counter, deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from types import FrameType
+from typing import Any
 
+from pipeline.backends.base import BackendError
 from pipeline.behavior import BehaviorMapper
 from pipeline.camera_stats import CameraHealth, connection_quality
 from pipeline.capture import CaptureThread
-from pipeline.config import AppConfig, CameraConfig
-from pipeline.events import camera_event, command_event, observation_event
+from pipeline.config import AppConfig, CameraConfig, ConfigError, load_config
+from pipeline.events import Event, camera_event, command_event, observation_event
+from pipeline.logs import setup_logging
+from pipeline.manifest import ManifestError
+from pipeline.metrics import PipelineMetrics
+from pipeline.models import ModelError
+from pipeline.notify import Notifier
 from pipeline.perception import Perception
+from pipeline.preview import PreviewStore
 from pipeline.redact import mask_secrets
+from pipeline.reload import ReloadPlan, enabled_cameras, plan_reload
+from pipeline.server import ServerStartError, StatusServer
 from pipeline.sinks.base import EventBus, Sink, create_sink
+from pipeline.sinks.websocket import EventHub, WebsocketSink
 from pipeline.sources import configure_ffmpeg
+from pipeline.status import stage_problems, status_line
 from pipeline.track import IouTracker
-from pipeline.types import CameraEvent, Observation
+from pipeline.types import CameraEvent, Detection, EmotionScores, Frame, Observation
 from pipeline.worker import CameraWorker
 
 log = logging.getLogger(__name__)
 
 OBSERVATION_QUEUE = 256
-JOIN_TIMEOUT_S = 2.0
+TICK_S = 0.2
 STATUS_LOG_S = 60.0
+STATUS_NOTIFY_S = 5.0
+RECENT_COMMANDS = 20
+CONFIG_EVENT_OUTPUTS = frozenset({"stdout", "websocket"})  # the JSON outputs also carry `config` events
+RELOAD_ERRORS = (ModelError, BackendError, ManifestError, ServerStartError, ValueError, OSError)
+# Shares of the shutdown budget (seconds); the sum stays under 3 s even when every stage is wedged.
+STOP_BUDGET = {"cameras": 1.0, "workers": 0.5, "models": 0.4, "behavior": 0.3, "outputs": 0.4, "server": 0.4}
+JOIN_TIMEOUT_S = 2.0  # a camera stopped by a reload
+
+
+class PreviewingWorker(CameraWorker):
+    """A CameraWorker that remembers which frame its latest observation describes (for the annotated preview)."""
+
+    last_frame: Frame | None = None
+
+    def observe(self, frame: Frame, faces: list[Detection], scores: list[EmotionScores],
+                timings: dict[str, float]) -> Observation:
+        self.last_frame = frame
+        return super().observe(frame, faces, scores, timings)
 
 
 @dataclass
 class Camera:
-    """The two threads of one camera."""
+    """The two threads of one camera, each with its own stop event (a reload may restart one without the other)."""
 
     cfg: CameraConfig
     capture: CaptureThread
     worker: CameraWorker
+    capture_stop: threading.Event = field(default_factory=threading.Event)
+    worker_stop: threading.Event = field(default_factory=threading.Event)
+    started_mono: float = field(default_factory=time.monotonic)
+
+    def signal_stop(self) -> None:
+        self.worker_stop.set()
+        self.capture_stop.set()
 
     def health(self) -> CameraHealth:
         """The camera's figures right now (for status, metrics and health checks)."""
@@ -92,47 +134,121 @@ class ObservationQueue:
 
 
 class Daemon:
-    def __init__(self, cfg: AppConfig) -> None:
+    def __init__(self, cfg: AppConfig, config_path: str | Path | None = None, log_level: str | None = None,
+                 notifier: Notifier | None = None) -> None:
         self.cfg = cfg
+        self.config_path = Path(config_path) if config_path is not None else None
+        self.config_loaded_at = time.time()
         self.stop_event = threading.Event()
         self.counters = DropCounter()
         self.perception: Perception | None = None
         self.sinks: list[Sink] = []
         self.bus = EventBus([])
-        self.cameras: dict[str, Camera] = {}
+        self.cameras: dict[str, Camera] = {}  # replaced, never mutated: other threads iterate it
         self.observations = ObservationQueue(OBSERVATION_QUEUE, self.counters)
         self.mapper = BehaviorMapper(cfg.behavior)
-        self._mapper_thread = threading.Thread(target=self._mapper_loop, name="behavior", daemon=True)
+        self.mapper_heartbeat = time.monotonic()
+        self.mapper_thread = threading.Thread(target=self._mapper_loop, name="behavior", daemon=True)
+        self.notifier = notifier or Notifier()
+        self.hub = EventHub()
+        self.previews = PreviewStore(cfg.server.preview_fps, self._raw_frame)
+        self.metrics = PipelineMetrics(self)
+        self.server: StatusServer | None = None
+        self.recent_commands: deque[Event] = deque(maxlen=RECENT_COMMANDS)
+        self.commands_sent = 0
+        self.reloads: Counter[str] = Counter(applied=0, rejected=0)
+        self.started_mono = time.monotonic()
+        self.started = False
+        self.ready = False
+        self._log_level = log_level
+        self._reload_requested = threading.Event()
+        self._stopped = False
+        self._withheld: frozenset[str] = frozenset()
 
     # ------------------------------------------------------------------ start
 
     def start(self) -> None:
-        """Load and warm the models, open outputs, start behaviour and cameras. Raises on model problems."""
-        self.perception = Perception.from_config(self.cfg)
-        self.perception.warm_up()
-        self.sinks = [create_sink(out) for out in self.cfg.outputs]
-        for sink in self.sinks:
-            sink.start()
-        self.bus = EventBus(self.sinks)
-        self._mapper_thread.start()
-        transports = {c.rtsp_transport for c in self.cfg.cameras if str(c.source).startswith(("rtsp://", "rtsps://"))}
-        configure_ffmpeg(transports.pop() if transports else "tcp")
-        for cam_cfg in self.cfg.cameras:
-            if cam_cfg.enabled:
-                self._start_camera(cam_cfg)
-        log.info("running: %d camera(s), outputs: %s", len(self.cameras),
-                 ", ".join(s.type_name for s in self.sinks) or "none")
+        """Serve status, load and warm the models, open outputs, start behaviour and cameras; then READY=1.
 
-    def _start_camera(self, cam_cfg: CameraConfig) -> None:
+        Raises ServerStartError (port in use) or a model error; the caller then calls stop().
+        """
+        self._install_signals()
+        if self.cfg.server.enabled:
+            self.server = StatusServer(self.cfg.server, self)
+            self.server.start()
+        self.perception = self._load_perception(self.cfg)
+        self.sinks = self._open_sinks(self.cfg.outputs)
+        self.bus = EventBus(self.sinks)
+        self._configure_hub(self.cfg)
+        self.mapper_thread.start()
+        self.started = True
+        self._configure_ffmpeg(self.cfg)
+        for cam_cfg in enabled_cameras(self.cfg).values():
+            self._start_camera(cam_cfg)
+        self.ready = True
+        self.notifier.ready(status_line(self))
+        log.info("running: %d camera(s), outputs: %s", len(self.cameras),
+                 ", ".join(label for label, _ in self.sink_labels()) or "none")
+
+    @staticmethod
+    def _load_perception(cfg: AppConfig) -> Perception:
+        perception = Perception.from_config(cfg)
+        try:
+            perception.warm_up()
+        except BaseException:
+            perception.close()
+            raise
+        return perception
+
+    def _open_sinks(self, outputs: list[Any]) -> list[Sink]:
+        sinks: list[Sink] = []
+        try:
+            for out in outputs:
+                sink = create_sink(out)
+                if isinstance(sink, WebsocketSink):
+                    sink.bind(self.hub)
+                if sink.type_name in CONFIG_EVENT_OUTPUTS:
+                    sink.events = sink.events | {"config"}
+                sink.start()
+                sinks.append(sink)
+        except BaseException:
+            _close_sinks(sinks, STOP_BUDGET["outputs"])
+            raise
+        return sinks
+
+    def _configure_hub(self, cfg: AppConfig) -> None:
+        self.hub.configure(next((o for o in cfg.outputs if o.type == "websocket"), None))
+
+    @staticmethod
+    def _configure_ffmpeg(cfg: AppConfig) -> None:
+        transports = {c.rtsp_transport for c in cfg.cameras if c.enabled and c.source_kind == "rtsp"}
+        configure_ffmpeg(transports.pop() if transports else "tcp")
+
+    def _new_tracker(self) -> IouTracker:
+        t = self.cfg.tracking
+        return IouTracker(t.iou_threshold, t.max_age_s, t.smoothing_half_life_ms)
+
+    def _new_worker(self, capture: CaptureThread, tracker: IouTracker, fps: float,
+                    stop: threading.Event) -> CameraWorker:
         if self.perception is None:
             raise RuntimeError("start() loads the models before cameras")
-        capture = CaptureThread(cam_cfg, self.stop_event, self._on_camera_event)
-        tracking = self.cfg.tracking
-        tracker = IouTracker(tracking.iou_threshold, tracking.max_age_s, tracking.smoothing_half_life_ms)
-        worker = CameraWorker(capture, self.perception, tracker, cam_cfg.fps, self._on_observation, self.stop_event)
-        self.cameras[cam_cfg.name] = Camera(cam_cfg, capture, worker)
+        return PreviewingWorker(capture, self.perception, tracker, fps, self._on_observation, stop)
+
+    def _start_camera(self, cam_cfg: CameraConfig) -> None:
+        capture_stop, worker_stop = threading.Event(), threading.Event()
+        capture = CaptureThread(cam_cfg, capture_stop, self._on_camera_event)
+        worker = self._new_worker(capture, self._new_tracker(), cam_cfg.fps, worker_stop)
+        self.cameras = {**self.cameras, cam_cfg.name: Camera(cam_cfg, capture, worker, capture_stop, worker_stop)}
         capture.start()
         worker.start()
+
+    def _stop_camera(self, name: str) -> None:
+        cam = self.cameras[name]
+        cam.signal_stop()
+        _join([cam.capture, cam.worker], JOIN_TIMEOUT_S)
+        self.cameras = {k: v for k, v in self.cameras.items() if k != name}
+        self.previews.forget(name)
+        self.metrics.forget_camera(name)
 
     # ------------------------------------------------------------------ flow
 
@@ -140,30 +256,58 @@ class Daemon:
         self.bus.publish(camera_event(event))
 
     def _on_observation(self, obs: Observation) -> None:
-        self.bus.publish(observation_event(obs))
+        event = observation_event(obs)
+        self.bus.publish(event)
         self.observations.put(obs)
+        self.metrics.observe(obs, event["latency_ms"]["total"] / 1000.0)
+        cam = self.cameras.get(obs.camera)
+        frame = getattr(cam.worker, "last_frame", None) if cam is not None else None
+        if frame is not None and frame.index == obs.frame_index:
+            self.previews.update(frame, obs)
+
+    def _raw_frame(self, camera: str) -> Frame | None:
+        cam = self.cameras.get(camera)
+        return cam.capture.slot.latest if cam is not None else None
 
     def _mapper_loop(self) -> None:
         while True:
+            self.mapper_heartbeat = time.monotonic()
             obs = self.observations.get(timeout=0.25)
             if obs is None:
                 if self.stop_event.is_set() and not self._workers_alive():
                     return
                 continue
             for command in self.mapper.update(obs):
-                self.bus.publish(command_event(command))
+                event = command_event(command)
+                self.recent_commands.append(event)
+                self.commands_sent += 1
+                self.bus.publish(event)
 
     def _workers_alive(self) -> bool:
         return any(cam.worker.is_alive() for cam in self.cameras.values())
 
-    # ------------------------------------------------------------------ run and stop
+    def sink_labels(self) -> list[tuple[str, Sink]]:
+        """Each output with a unique label for metrics and status: its type, then type-2, type-3 … for repeats."""
+        seen: Counter[str] = Counter()
+        labels = []
+        for sink in list(self.sinks):
+            seen[sink.type_name] += 1
+            n = seen[sink.type_name]
+            labels.append((sink.type_name if n == 1 else f"{sink.type_name}-{n}", sink))
+        return labels
+
+    # ------------------------------------------------------------------ run
 
     def run(self, duration: float | None = None) -> int:
         """Block until SIGINT/SIGTERM, `duration` seconds, or every camera ended; then stop in order."""
         self._install_signals()
-        deadline = time.monotonic() + duration if duration else None
-        next_status = time.monotonic() + STATUS_LOG_S
+        now = time.monotonic()
+        deadline = now + duration if duration else None
+        next_log, next_status, next_watchdog = now + STATUS_LOG_S, now + STATUS_NOTIFY_S, now
         while not self.stop_event.is_set():
+            if self._reload_requested.is_set():
+                self._reload_requested.clear()
+                self.reload()
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 log.info("duration reached, stopping")
@@ -171,16 +315,38 @@ class Daemon:
             if self.cameras and not any(cam.capture.is_alive() for cam in self.cameras.values()):
                 log.info("every camera has ended, stopping")
                 break
+            next_watchdog = self._feed_watchdog(now, next_watchdog)
             if now >= next_status:
+                self.notifier.status(status_line(self))
+                next_status = now + STATUS_NOTIFY_S
+            if now >= next_log:
                 self.log_status()
-                next_status = now + STATUS_LOG_S
-            self.stop_event.wait(0.2)
+                next_log = now + STATUS_LOG_S
+            self.metrics.pull_batches()
+            self.stop_event.wait(TICK_S)
         self.stop()
         return 0
 
+    def _feed_watchdog(self, now: float, due: float) -> float:
+        """WATCHDOG=1 when due and every stage beats; a wedged stage withholds it (systemd then restarts us)."""
+        problems = stage_problems(self, now)
+        keys = frozenset(problems)
+        if keys != self._withheld:
+            if keys:
+                log.error("stage(s) not responding: %s%s", "; ".join(f"{k}: {v}" for k, v in problems.items()),
+                          " (withholding the systemd watchdog)" if self.notifier.watchdog_interval_s else "")
+            else:
+                log.info("every stage responds again")
+            self._withheld = keys
+        interval = self.notifier.watchdog_interval_s
+        if interval is None or now < due or problems:
+            return due
+        self.notifier.watchdog()
+        return now + interval
+
     def log_status(self) -> None:
         """One line per camera, at most once a minute: what an operator tails the journal for."""
-        for cam in self.cameras.values():
+        for cam in list(self.cameras.values()):
             h = cam.health()
             age = "-" if h.last_frame_age_s is None else f"{h.last_frame_age_s:.1f}s"
             log.info("camera %s: %s, %s, in %.1f fps, analysed %.1f fps, skipped %d, reconnects/h %d, stalls/h %d, "
@@ -195,19 +361,183 @@ class Daemon:
             log.info("%s received, stopping", signal.Signals(signum).name)
             self.stop_event.set()
 
+        def request_reload(_signum: int, _frame: FrameType | None) -> None:
+            self._reload_requested.set()
+
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
+        signal.signal(signal.SIGHUP, request_reload)
+
+    # ------------------------------------------------------------------ reload
+
+    def request_reload(self) -> None:
+        """What SIGHUP does: ask the main loop to reload (from any thread)."""
+        self._reload_requested.set()
+
+    def reload(self) -> bool:
+        """Re-read and validate the config file; apply it, or keep the running one and say why. True if applied."""
+        if self.config_path is None:
+            log.warning("SIGHUP: no configuration file to reload (the daemon was given a config object)")
+            return False
+        log.info("SIGHUP: reloading %s", self.config_path)
+        self.notifier.reloading()
+        try:
+            new = load_config(self.config_path)
+            plan = plan_reload(self.cfg, new)
+            self._apply(new, plan)
+        except ConfigError as exc:
+            self._reject([issue.format() for issue in exc.issues])
+            return False
+        except RELOAD_ERRORS as exc:
+            self._reject([mask_secrets(str(exc))])
+            return False
+        finally:
+            self.notifier.ready(status_line(self))
+        self.reloads["applied"] += 1
+        self.config_loaded_at = time.time()
+        changes = plan.describe()
+        log.info("configuration %s applied: %s", self.config_path, "; ".join(changes))
+        self.bus.publish({"type": "config", "camera": None, "ts": round(time.time(), 3), "status": "applied",
+                          "path": str(self.config_path), "changes": changes})
+        return True
+
+    def _reject(self, errors: list[str]) -> None:
+        self.reloads["rejected"] += 1
+        log.error("configuration %s rejected, the running configuration stays in force:", self.config_path)
+        for line in errors:
+            log.error("%s", line)
+        self.bus.publish({"type": "config", "camera": None, "ts": round(time.time(), 3), "status": "rejected",
+                          "path": str(self.config_path), "errors": errors})
+
+    def _apply(self, new: AppConfig, plan: ReloadPlan) -> None:
+        """Prepare what can fail (models, outputs, server) first; only then swap, so a failure changes nothing."""
+        perception = self._load_perception(new) if plan.models else None
+        sinks: list[Sink] | None = None
+        try:
+            if plan.outputs:
+                sinks = self._open_sinks(new.outputs)
+            if plan.server == "restart":
+                self._restart_server(new)
+        except BaseException:
+            if perception is not None:
+                perception.close()
+            if sinks:
+                _close_sinks(sinks, STOP_BUDGET["outputs"])
+            raise
+        if plan.server == "live" and self.server is not None:
+            self.server.update(new.server)
+        self.previews.fps = new.server.preview_fps
+        if sinks is not None:
+            old_sinks, self.sinks = self.sinks, sinks
+            self.bus.sinks = sinks
+            self._configure_hub(new)
+            _close_sinks(old_sinks, STOP_BUDGET["outputs"])
+        if plan.logging:
+            setup_logging(self._log_level or new.logging.level, new.logging.format)
+        if plan.behavior:
+            self.mapper = BehaviorMapper(new.behavior)
+        self.cfg = new
+        for name in plan.removed + plan.changed:
+            self._stop_camera(name)
+        if perception is not None or plan.tracking:
+            self._restart_workers(perception, fresh_trackers=plan.tracking)
+        self._configure_ffmpeg(new)
+        cams = enabled_cameras(new)
+        for name in plan.changed + plan.added:
+            self._start_camera(cams[name])
+
+    def _restart_server(self, new: AppConfig) -> None:
+        """Host, port or enabled changed: rebind. If the new address fails, the old server comes back."""
+        old = self.server
+        if old is not None:
+            old.stop()
+            self.server = None
+        if not new.server.enabled:
+            return
+        try:
+            server = StatusServer(new.server, self)
+            server.start()
+        except ServerStartError:
+            if old is not None:
+                revived = StatusServer(self.cfg.server, self)
+                try:
+                    revived.start()
+                    self.server = revived
+                except ServerStartError as exc:
+                    log.error("the previous status server could not be restarted either: %s", exc)
+            raise
+        self.server = server
+
+    def _restart_workers(self, perception: Perception | None, fresh_trackers: bool) -> None:
+        """New workers for every running camera (new models and/or trackers); captures keep running."""
+        cams = list(self.cameras.values())
+        for cam in cams:
+            cam.worker_stop.set()
+        _join([cam.worker for cam in cams], JOIN_TIMEOUT_S)
+        if perception is not None:
+            old, self.perception = self.perception, perception
+            if old is not None:
+                _bounded(old.close, STOP_BUDGET["models"] * 5, "previous models")
+        replaced = {}
+        for cam in cams:
+            tracker = self._new_tracker() if fresh_trackers else cam.worker.tracker
+            stop = threading.Event()
+            worker = self._new_worker(cam.capture, tracker, cam.cfg.fps, stop)
+            replaced[cam.cfg.name] = replace(cam, worker=worker, worker_stop=stop)
+            worker.start()
+        self.cameras = {**self.cameras, **replaced}
+
+    # ------------------------------------------------------------------ stop
 
     def stop(self) -> None:
+        """Ordered shutdown within ~3 s; safe to call twice and after a failed start()."""
+        if self._stopped:
+            return
+        self._stopped = True
+        began = time.monotonic()
+        self.notifier.stopping()
         self.stop_event.set()
-        for cam in self.cameras.values():
-            cam.capture.join(JOIN_TIMEOUT_S)
-        for cam in self.cameras.values():
-            cam.worker.join(JOIN_TIMEOUT_S)
+        cams = list(self.cameras.values())
+        for cam in cams:
+            cam.signal_stop()
+        _join([cam.capture for cam in cams], STOP_BUDGET["cameras"])
+        _join([cam.worker for cam in cams], STOP_BUDGET["workers"])
         if self.perception is not None:
-            self.perception.close()
-        if self._mapper_thread.is_alive():
-            self._mapper_thread.join(JOIN_TIMEOUT_S)
-        for sink in self.sinks:
-            sink.close()
-        log.info("stopped (observations dropped before behaviour: %d)", self.counters.observations_dropped)
+            _bounded(self.perception.close, STOP_BUDGET["models"], "models")
+        if self.mapper_thread.is_alive():
+            _join([self.mapper_thread], STOP_BUDGET["behavior"])
+        _close_sinks(self.sinks, STOP_BUDGET["outputs"])
+        if self.server is not None:
+            self.server.stop(STOP_BUDGET["server"])
+        self.notifier.close()
+        log.info("stopped in %.2f s (observations dropped before behaviour: %d)", time.monotonic() - began,
+                 self.counters.observations_dropped)
+
+
+def _join(threads: list[threading.Thread], budget_s: float) -> None:
+    """Join threads against one shared deadline; name the ones that did not stop in time."""
+    deadline = time.monotonic() + budget_s
+    for thread in threads:
+        if thread.ident is not None:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    late = [t.name for t in threads if t.is_alive()]
+    if late:
+        log.warning("did not stop within %.1f s: %s", budget_s, ", ".join(late))
+
+
+def _bounded(fn: Any, budget_s: float, what: str) -> None:
+    """Run fn on a helper thread and wait at most budget_s (a backend that hangs in close must not hold us)."""
+    helper = threading.Thread(target=fn, name=f"close-{what}", daemon=True)
+    helper.start()
+    helper.join(budget_s)
+    if helper.is_alive():
+        log.warning("%s did not close within %.1f s", what, budget_s)
+
+
+def _close_sinks(sinks: list[Sink], budget_s: float) -> None:
+    """Flush every output at once (each on a helper thread), sharing one budget."""
+    helpers = [threading.Thread(target=sink.close, kwargs={"timeout": budget_s}, name=f"close-{sink.type_name}",
+                                daemon=True) for sink in sinks]
+    for helper in helpers:
+        helper.start()
+    _join(helpers, budget_s + 0.05)

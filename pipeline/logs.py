@@ -21,6 +21,13 @@ class _MaskingFilter(logging.Filter):
         return True
 
 
+class _MaskedTextFormatter(logging.Formatter):
+    """Tracebacks can quote URLs too: mask the whole formatted record, not only the message."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return mask_secrets(super().format(record))
+
+
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry = {"ts": round(record.created, 3), "level": record.levelname.lower(), "logger": record.name,
@@ -37,7 +44,7 @@ def setup_logging(level: str = "info", fmt: str = "text") -> None:
     if fmt == "json":
         handler.setFormatter(_JsonFormatter())
     else:
-        formatter = logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S")
+        formatter = _MaskedTextFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S")
         formatter.converter = time.gmtime
         handler.setFormatter(formatter)
     root = logging.getLogger()

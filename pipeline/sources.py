@@ -138,9 +138,9 @@ class DemoSource(VideoSource):
     def read(self, timeout: float) -> np.ndarray | None:
         self._pacer.wait()
         phase = ((time.monotonic() - self._t0) % self.PERIOD_S) / self.PERIOD_S
-        return self._frame_at(phase)
+        return self.frame_at(phase)
 
-    def _frame_at(self, phase: float) -> np.ndarray:
+    def frame_at(self, phase: float) -> np.ndarray:
         """Pan across the photo and back, with a gentle zoom, so faces move, grow and shrink."""
         height, width = self._photo.shape[:2]
         out_w, out_h = self.SIZE

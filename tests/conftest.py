@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
+# ../shared/data beside the project; EMOTION_TEST_DATA points elsewhere (the GPU machine gets a copy of a few files).
+DATA = Path(os.environ.get("EMOTION_TEST_DATA", ROOT.parent / "shared" / "data"))
 
 
 def data_path(*parts: str) -> Path:

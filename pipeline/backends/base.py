@@ -52,6 +52,13 @@ class Backend(ABC):
     def run(self, batch: dict[str, np.ndarray], lane: int = 0) -> dict[str, np.ndarray]:
         """Run one batch (leading dimension = batch size) and return every output by name."""
 
+    def staging(self, lane: int, batch: int, item_shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+        """A host buffer the batcher may stack `batch` items into (pinned memory on GPU backends), or None."""
+        return None
+
+    def warm_up(self, item_shape: tuple[int, ...], dtype: np.dtype) -> None:
+        """Pay one-time costs (kernel selection, buffers) for every batch shape this backend will run."""
+
     @abstractmethod
     def describe(self) -> dict[str, str]:
         """What runs where, for the status page: backend, device, precision, providers."""

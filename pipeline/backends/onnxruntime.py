@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pipeline.backends.base import Backend, BackendError, TensorSpec
 from pipeline.config import InferenceConfig
 from pipeline.manifest import ModelManifest
+
+if TYPE_CHECKING:
+    from pipeline.backends.cuda_lane import CudaLane
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +52,18 @@ _NEEDS = {
 
 
 class OnnxRuntimeBackend(Backend):
+    """CPU: one session shared by all lanes. CUDA: one session per lane, each on its own stream (see cuda_lane)."""
+
     name = "onnxruntime"
 
-    def __init__(self, session: object, cfg: InferenceConfig, model_path: Path) -> None:
-        inputs = [_spec(i) for i in session.get_inputs()]  # type: ignore[attr-defined]
-        outputs = [_spec(o) for o in session.get_outputs()]  # type: ignore[attr-defined]
+    def __init__(self, sessions: list[Any], cfg: InferenceConfig, model_path: Path,
+                 lanes: list[CudaLane] | None = None) -> None:
+        first = sessions[0]
+        inputs = [_spec(i) for i in first.get_inputs()]
+        outputs = [_spec(o) for o in first.get_outputs()]
         super().__init__(inputs, outputs, max_batch=cfg.max_batch, lanes=cfg.lanes)
-        self._session = session
+        self._sessions = sessions
+        self._cuda_lanes = lanes or []
         self._output_names = [o.name for o in outputs]
         self._device = cfg.device
         self._precision = cfg.precision
@@ -62,38 +71,75 @@ class OnnxRuntimeBackend(Backend):
 
     @classmethod
     def create(cls, cfg: InferenceConfig, model: ModelManifest, model_path: Path) -> OnnxRuntimeBackend:
-        try:
-            import onnxruntime as ort
-        except ImportError as exc:
-            raise BackendError("onnxruntime is not installed: pip install -r requirements.txt") from exc
+        ort = _import_ort()
         if cfg.device in _NEEDS:
             provider, package = _NEEDS[cfg.device]
             if provider not in ort.get_available_providers():
                 raise BackendError(f"inference.device {cfg.device} needs {provider}, which this onnxruntime "
                                    f"({ort.__version__}) lacks; install {package}")
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if cfg.threads:
-            options.intra_op_num_threads = cfg.threads
-        options.log_severity_level = 3
-        try:
-            session = ort.InferenceSession(str(model_path), options,
-                                           providers=_providers(cfg.device, model.name, cfg.precision))
-        except Exception as exc:  # noqa: BLE001 - ORT raises several unrelated types for an unloadable model
-            raise BackendError(f"{model.name}: ONNX Runtime cannot load {model_path}: {exc}") from exc
-        return cls(session, cfg, model_path)
+        if cfg.device != "cuda":
+            return cls([_session(ort, cfg, model, model_path, _providers(cfg.device, model.name, cfg.precision))],
+                       cfg, model_path)
+        from pipeline.backends.cuda_lane import CudaLane, create_stream, load_cudart
+
+        cudart = load_cudart()
+        sessions, lanes = [], []
+        for _ in range(cfg.lanes):
+            stream = create_stream(cudart)
+            options = {"user_compute_stream": str(stream), "cudnn_conv_algo_search": "HEURISTIC"}
+            session = _session(ort, cfg, model, model_path, [("CUDAExecutionProvider", options)])
+            input_name = session.get_inputs()[0].name
+            outputs = [o.name for o in session.get_outputs()]
+            sessions.append(session)
+            lanes.append(CudaLane(cudart, session, stream, input_name, outputs, cfg.max_batch))
+        return cls(sessions, cfg, model_path, lanes)
+
+    def staging(self, lane: int, batch: int, item_shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+        if not self._cuda_lanes:
+            return None
+        return self._cuda_lanes[lane].staging(batch, item_shape, dtype)
+
+    def warm_up(self, item_shape: tuple[int, ...], dtype: np.dtype) -> None:
+        for lane in self._cuda_lanes:
+            lane.warm(item_shape, dtype)
 
     def run(self, batch: dict[str, np.ndarray], lane: int = 0) -> dict[str, np.ndarray]:
-        values = self._session.run(self._output_names, batch)  # type: ignore[attr-defined]
+        if self._cuda_lanes:
+            return self._cuda_lanes[lane].run(batch[self.inputs[0].name])
+        values = self._sessions[0].run(self._output_names, batch)
         return dict(zip(self._output_names, values))
 
     def describe(self) -> dict[str, str]:
-        providers = self._session.get_providers()  # type: ignore[attr-defined]
+        providers = self._sessions[0].get_providers()
         return {"backend": self.name, "device": self._device, "precision": self._precision,
-                "providers": ",".join(providers), "file": self._model_path.name}
+                "providers": ",".join(providers), "lanes": str(self.lanes), "file": self._model_path.name}
 
     def close(self) -> None:
-        self._session = None
+        for lane in self._cuda_lanes:
+            lane.close()
+        self._cuda_lanes = []
+        self._sessions = []
+
+
+def _import_ort() -> Any:
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        raise BackendError("onnxruntime is not installed: pip install -r requirements.txt") from exc
+    return ort
+
+
+def _session(ort: Any, cfg: InferenceConfig, model: ModelManifest, model_path: Path,
+             providers: list[Any]) -> Any:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if cfg.threads:
+        options.intra_op_num_threads = cfg.threads
+    options.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(model_path), options, providers=providers)
+    except Exception as exc:  # noqa: BLE001 - ORT raises several unrelated types for an unloadable model
+        raise BackendError(f"{model.name}: ONNX Runtime cannot load {model_path}: {exc}") from exc
 
 
 def _spec(arg: object) -> TensorSpec:

@@ -79,6 +79,9 @@ class Sink(ABC):
 
 _REGISTRY: dict[str, str] = {
     "stdout": "pipeline.sinks.stdout:StdoutSink",
+    "websocket": "pipeline.sinks.websocket:WebsocketSink",
+    "osc": "pipeline.sinks.osc:OscSink",
+    "webhook": "pipeline.sinks.webhook:WebhookSink",
 }
 
 

@@ -1,0 +1,153 @@
+"""One ONNX Runtime CUDA lane: its own CUDA stream, pinned host staging and a device input buffer.
+
+ONNX Runtime is given the lane's stream (`user_compute_stream`), so the host→device copy of a batch, the model and the
+copy of the outputs all run in order on one stream without a host synchronisation in between, and K lanes overlap
+one batch's copies with another's compute. The batch is stacked by the batcher straight into pinned memory
+(`staging`), so uint8 frames cross the PCIe bus once, at full speed.
+
+CUDA is reached through cuda-python (`cuda.bindings.runtime`), NVIDIA's official bindings: every call returns an error
+code, which `_check` turns into an exception naming the call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import math
+from typing import Any
+
+import numpy as np
+
+from pipeline.backends.base import BackendError
+
+log = logging.getLogger(__name__)
+
+
+def load_cudart() -> Any:
+    """cuda-python's runtime module (its import path changed in cuda-python 12.6)."""
+    try:
+        from cuda.bindings import runtime
+    except ImportError:
+        try:
+            from cuda import cudart as runtime  # type: ignore[no-redef]
+        except ImportError as exc:
+            raise BackendError("inference.device cuda with onnxruntime needs cuda-python: "
+                               "pip install -r requirements-gpu.txt") from exc
+    return runtime
+
+
+def _check(cudart: Any, result: Any, call: str) -> Any:
+    """Raise BackendError naming `call` unless CUDA returned success; return the call's value, if any."""
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        name = cudart.cudaGetErrorName(err)[1]
+        raise BackendError(f"CUDA {call} failed: {name.decode() if isinstance(name, bytes) else name}")
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+class PinnedBuffer:
+    """Page-locked host memory owned by this object; freed by close(), not by garbage collection."""
+
+    def __init__(self, cudart: Any, nbytes: int) -> None:
+        self._cudart = cudart
+        self.nbytes = nbytes
+        self.ptr: int = int(_check(cudart, cudart.cudaMallocHost(nbytes), "cudaMallocHost"))
+
+    def view(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        raw = (ctypes.c_uint8 * self.nbytes).from_address(self.ptr)
+        return np.frombuffer(raw, dtype=dtype, count=math.prod(shape)).reshape(shape)
+
+    def close(self) -> None:
+        if self.ptr:
+            _check(self._cudart, self._cudart.cudaFreeHost(self.ptr), "cudaFreeHost")
+            self.ptr = 0
+
+
+class CudaLane:
+    """A session bound to one stream, with buffers sized for `max_batch` items of one shape (made on first use)."""
+
+    def __init__(self, cudart: Any, session: Any, stream: int, input_name: str, output_names: list[str],
+                 max_batch: int) -> None:
+        self._cudart = cudart
+        self._session = session
+        self._stream = stream
+        self._input = input_name
+        self._outputs = output_names
+        self._max_batch = max_batch
+        self._binding = session.io_binding()
+        self._pinned: PinnedBuffer | None = None
+        self._device: Any = None  # OrtValue on the GPU, max_batch items
+        self._item: tuple[tuple[int, ...], np.dtype] | None = None
+
+    def staging(self, batch: int, item_shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """Pinned host memory for `batch` items; (re)allocated when the item shape changes."""
+        pinned = self._pinned
+        if pinned is None or self._item != (item_shape, np.dtype(dtype)):
+            pinned = self._allocate(item_shape, np.dtype(dtype))
+        return pinned.view((self._max_batch, *item_shape), np.dtype(dtype))[:batch]
+
+    def _allocate(self, item_shape: tuple[int, ...], dtype: np.dtype) -> PinnedBuffer:
+        import onnxruntime as ort
+
+        self._release()
+        shape = (self._max_batch, *item_shape)
+        pinned = PinnedBuffer(self._cudart, math.prod(shape) * dtype.itemsize)
+        self._pinned = pinned
+        self._device = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, "cuda", 0)
+        self._item = (item_shape, dtype)
+        log.debug("lane buffers: %s x %s %s", self._max_batch, item_shape, dtype)
+        return pinned
+
+    def bucket(self, batch: int) -> int:
+        """The padded batch size actually run: the next power of two (capped at max_batch).
+
+        Every new input shape costs ONNX Runtime's CUDA provider seconds (kernel and workspace set-up), so a dynamic
+        batcher that produced every size from 1 to max_batch would stall for minutes; a few fixed sizes, warmed
+        before the cameras start, cost nothing later (the same idea as TensorRT profiles and Triton's preferred sizes)."""
+        size = 1
+        while size < batch:
+            size *= 2
+        return min(size, self._max_batch)
+
+    def warm(self, item_shape: tuple[int, ...], dtype: np.dtype) -> None:
+        """Run every bucket once, so no first-time shape is met while cameras are running."""
+        sizes = sorted({self.bucket(b) for b in range(1, self._max_batch + 1)})
+        staging = self.staging(self._max_batch, item_shape, dtype)
+        staging[...] = 0
+        for size in sizes:
+            self.run(staging[:size])
+
+    def run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
+        """Copy in → run → copy out, all on the lane's stream; rows past len(batch) are padding, dropped."""
+        count = len(batch)
+        padded = self.bucket(count)
+        staged = self.staging(padded, batch.shape[1:], batch.dtype)
+        if staged.__array_interface__["data"][0] != batch.__array_interface__["data"][0]:
+            staged[:count] = batch  # the batcher did not stack into our staging buffer
+        cudart = self._cudart
+        _check(cudart, cudart.cudaMemcpyAsync(self._device.data_ptr(), staged.ctypes.data, staged.nbytes,
+                                              cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, self._stream),
+               "cudaMemcpyAsync(host to device)")
+        self._binding.bind_input(self._input, "cuda", 0, batch.dtype, [padded, *batch.shape[1:]],
+                                 self._device.data_ptr())
+        self._binding.clear_binding_outputs()  # output shapes follow the batch size: let ORT allocate them per run
+        for name in self._outputs:
+            self._binding.bind_output(name, "cpu")
+        self._session.run_with_iobinding(self._binding)  # enqueued on the same stream; returns when outputs are on host
+        return {name: value[:count] for name, value in zip(self._outputs, self._binding.copy_outputs_to_cpu())}
+
+    def _release(self) -> None:
+        if self._pinned is not None:
+            self._pinned.close()
+        self._pinned, self._device, self._item = None, None, None
+
+    def close(self) -> None:
+        self._release()
+        if self._stream:
+            _check(self._cudart, self._cudart.cudaStreamDestroy(self._stream), "cudaStreamDestroy")
+            self._stream = 0
+
+
+def create_stream(cudart: Any) -> int:
+    stream = _check(cudart, cudart.cudaStreamCreateWithFlags(cudart.cudaStreamNonBlocking), "cudaStreamCreate")
+    return int(stream)

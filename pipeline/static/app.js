@@ -1,0 +1,125 @@
+// Status page: polls /api/status once a second; annotated previews arrive as JPEGs over /preview/ws.
+"use strict";
+
+const token = new URLSearchParams(location.search).get("token");
+const query = token ? "?token=" + encodeURIComponent(token) : "";
+const headers = token ? { Authorization: "Bearer " + token } : {};
+const tiles = new Map(); // camera name -> {root, img, frame, state, quality, figures}
+const $ = (selector) => document.querySelector(selector);
+
+for (const id of ["link-status", "link-metrics"]) {
+  const link = document.getElementById(id);
+  link.href += query;
+}
+
+function el(tag, cls, text) {
+  const node = document.createElement(tag);
+  if (cls) node.className = cls;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function tileFor(name) {
+  let tile = tiles.get(name);
+  if (tile) return tile;
+  const root = el("article", "tile");
+  root.dataset.camera = name;
+  const head = el("div", "tile-head");
+  const state = el("span", "badge state");
+  const quality = el("span", "badge quality");
+  head.append(el("span", "name", name), state, quality);
+  const frame = el("div", "frame", "waiting for a frame…");
+  const img = el("img", "preview");
+  img.alt = "annotated preview of " + name;
+  const figures = el("div", "figures");
+  root.append(head, frame, figures);
+  $("#tiles").append(root);
+  tile = { root, img, frame, state, quality, figures, shown: false };
+  tiles.set(name, tile);
+  return tile;
+}
+
+function fmt(value, digits = 1) {
+  return value === null || value === undefined ? "–" : Number(value).toFixed(digits);
+}
+
+function renderCameras(cameras, previewFps) {
+  const names = new Set(cameras.map((c) => c.name));
+  for (const [name, tile] of tiles) {
+    if (!names.has(name)) { tile.root.remove(); tiles.delete(name); }
+  }
+  for (const cam of cameras) {
+    const tile = tileFor(cam.name);
+    tile.state.textContent = cam.state;
+    tile.state.className = "badge state " + cam.state;
+    tile.quality.textContent = cam.quality;
+    tile.quality.className = "badge quality " + cam.quality;
+    tile.figures.textContent =
+      `in ${fmt(cam.fps_in)} fps · analysed ${fmt(cam.fps_analysed)} fps · skipped ${cam.frames_skipped}` +
+      ` · faces ${cam.faces} · last frame ${fmt(cam.last_frame_age_s)} s ago · latency ${fmt(cam.latency_ms, 0)} ms` +
+      ` · reconnects/h ${cam.reconnects_1h}`;
+    if (previewFps <= 0 && !tile.shown) tile.frame.textContent = "previews disabled (server.preview_fps: 0)";
+  }
+}
+
+function renderCommands(commands) {
+  const body = $("#commands tbody");
+  body.replaceChildren(...commands.map((c) => {
+    const row = el("tr");
+    const when = new Date(c.ts * 1000).toLocaleTimeString();
+    const expression = c.expression ? `${c.expression.preset} ${c.expression.weight}` : "";
+    const tone = c.tone ? `${c.tone.style} (pitch ${c.tone.pitch}, rate ${c.tone.rate})` : "";
+    for (const text of [when, c.camera, c.target ?? "room", `${c.emotion} ${fmt(c.confidence, 2)}`, expression, tone]) {
+      row.append(el("td", "", String(text)));
+    }
+    return row;
+  }));
+}
+
+async function refresh() {
+  try {
+    const response = await fetch("api/status" + query, { headers, cache: "no-store" });
+    if (!response.ok) throw new Error(response.status === 401 ? "unauthorized: open this page with ?token=…" :
+                                      "HTTP " + response.status);
+    const status = await response.json();
+    const overall = $("#overall");
+    overall.textContent = status.status;
+    overall.className = "badge " + status.status;
+    const ws = status.websocket.enabled ? ` · ws clients ${status.websocket.clients}` : "";
+    $("#summary").textContent = `up ${fmt(status.uptime_s / 60, 1)} min · ${status.cameras.length} camera(s)${ws}`;
+    $("#problems").replaceChildren(...status.problems.map((p) => el("li", "", p)));
+    renderCameras(status.cameras, status.preview_fps);
+    renderCommands(status.recent_commands);
+  } catch (error) {
+    $("#overall").textContent = "unreachable";
+    $("#overall").className = "badge failing";
+    $("#problems").replaceChildren(el("li", "", String(error.message || error)));
+  }
+}
+
+function showPreview(name, jpeg) {
+  const tile = tiles.get(name);
+  if (!tile) return;
+  const url = URL.createObjectURL(new Blob([jpeg], { type: "image/jpeg" }));
+  const old = tile.img.src;
+  tile.img.onload = () => { if (old.startsWith("blob:")) URL.revokeObjectURL(old); };
+  tile.img.src = url;
+  if (!tile.shown) { tile.frame.replaceChildren(tile.img); tile.shown = true; }
+}
+
+function connectPreviews() {
+  const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+  const socket = new WebSocket(`${scheme}//${location.host}${location.pathname.replace(/[^/]*$/, "")}preview/ws${query}`);
+  socket.binaryType = "arraybuffer";
+  socket.onmessage = (event) => {
+    const bytes = new Uint8Array(event.data);
+    const split = bytes.indexOf(10);
+    if (split < 0) return;
+    showPreview(new TextDecoder().decode(bytes.subarray(0, split)), bytes.subarray(split + 1));
+  };
+  socket.onclose = () => setTimeout(connectPreviews, 2000);
+}
+
+refresh();
+setInterval(refresh, 1000);
+connectPreviews();

@@ -1,0 +1,229 @@
+"""systemd integration, end to end: sd_notify over a real datagram socket, SIGHUP reloads, SIGTERM, the unit file.
+
+The daemon runs as systemd would run it: `run_pipeline.py run` with NOTIFY_SOCKET and WATCHDOG_USEC in its
+environment. The exit time after SIGTERM is printed (`-s` shows it); the assertion is only a generous hang guard.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from pipeline.credentials import export_credentials
+from pipeline.notify import Notifier
+from tests.conftest import ROOT
+from tests.running_daemon import NotifyListener, RunningDaemon, clip, daemons, wait_until, write_config  # noqa: F401
+
+pytestmark = pytest.mark.slow
+
+HANG_GUARD_S = 5.0  # the target is 3 s; this only catches a hang
+
+
+def _notify_env(listener: NotifyListener) -> dict[str, str]:
+    return {"NOTIFY_SOCKET": listener.env_value, "WATCHDOG_USEC": "1000000"}
+
+
+def test_notify_path_socket_ready_status_watchdog_stopping(prepared_models: None, tmp_path: Path,
+                                                           daemons: Callable[..., RunningDaemon]) -> None:
+    listener = NotifyListener(tmp_path / "notify.sock")
+    try:
+        config = write_config(tmp_path / "config.yaml", [f"{{name: lobby, source: '{clip()}', fps: 10, loop: true}}"])
+        daemon = daemons(config, env=_notify_env(listener))
+        daemon.wait_for(lambda: listener.with_key("READY", "1"), 60, "READY=1")
+        ready_at, ready = listener.with_key("READY", "1")[0]
+        assert "cameras streaming" in ready.get("STATUS", "") or listener.with_key("STATUS")
+        # WATCHDOG_USEC=1 s: a ping every 0.5 s while every stage beats
+        daemon.wait_for(lambda: len(listener.with_key("WATCHDOG", "1")) >= 3, 10, "three WATCHDOG=1")
+        pings = [t for t, _ in listener.with_key("WATCHDOG", "1")]
+        gaps = [b - a for a, b in zip(pings, pings[1:])]
+        assert all(0.3 < gap < 0.9 for gap in gaps), gaps
+        daemon.wait_for(lambda: daemon.of("observation", "lobby"), 20, "an observation")
+        daemon.wait_for(lambda: any("1/1 cameras streaming" in m["STATUS"] for _, m in listener.with_key("STATUS")),
+                        10, "STATUS= naming the streaming camera")
+        code, seconds = daemon.terminate()
+        print(f"\nSIGTERM to exit: {seconds:.2f} s")
+        assert code == 0, daemon.stderr_text()[-2000:]
+        assert seconds < HANG_GUARD_S
+        assert listener.with_key("STOPPING", "1"), "no STOPPING=1"
+        assert listener.with_key("STOPPING")[0][0] > ready_at
+        assert "Traceback" not in daemon.stderr_text()
+    finally:
+        listener.close()
+
+
+def test_notify_abstract_socket(prepared_models: None, tmp_path: Path,
+                                daemons: Callable[..., RunningDaemon]) -> None:
+    listener = NotifyListener(f"@emotion-test-{uuid.uuid4().hex}")
+    try:
+        config = write_config(tmp_path / "config.yaml", [f"{{name: lobby, source: '{clip()}', fps: 5, loop: true}}"])
+        daemon = daemons(config, env=_notify_env(listener))
+        daemon.wait_for(lambda: listener.with_key("READY", "1") and listener.with_key("WATCHDOG", "1"), 60,
+                        "READY=1 and WATCHDOG=1 on an abstract socket")
+        code, _ = daemon.terminate()
+        assert code == 0
+        assert listener.with_key("STOPPING", "1")
+    finally:
+        listener.close()
+
+
+def test_sighup_adds_camera_rejects_broken_file_then_applies_fix(prepared_models: None, tmp_path: Path,
+                                                                  daemons: Callable[..., RunningDaemon]) -> None:
+    lobby = f"{{name: lobby, source: '{clip()}', fps: 8, loop: true}}"
+    door = f"{{name: door, source: '{clip()}', fps: 8, loop: true}}"
+    config = write_config(tmp_path / "config.yaml", [lobby])
+    listener = NotifyListener(tmp_path / "notify.sock")
+    try:
+        daemon = daemons(config, env=_notify_env(listener))
+        daemon.wait_for(lambda: len([o for o in daemon.of("observation", "lobby") if o["faces"]]) >= 5, 60,
+                        "observations with faces from lobby")
+
+        def track_ids(events: list[dict]) -> list[int]:
+            return [f["track_id"] for o in events for f in o["faces"]]
+
+        before = daemon.of("observation", "lobby")
+        last_frame = before[-1]["frame"]
+
+        # 1. a valid change: a camera added
+        write_config(config, [lobby, door])
+        daemon.signal(signal.SIGHUP)
+        daemon.wait_for(lambda: daemon.of("observation", "door"), 30, "observations from the added camera")
+        applied = daemon.of("config")
+        assert applied and applied[-1]["status"] == "applied" and "added camera(s) door" in applied[-1]["changes"]
+        assert listener.with_key("RELOADING", "1") and "MONOTONIC_USEC" in listener.with_key("RELOADING")[0][1]
+        daemon.wait_for(lambda: len(daemon.of("observation", "lobby")) > len(before) + 5, 10, "lobby keeps going")
+        after = daemon.of("observation", "lobby")[len(before):]
+        assert after[0]["frame"] > last_frame, "lobby's frame counter restarted: the camera was restarted"
+        recent = track_ids(before[-3:])
+        if recent and track_ids(after):  # a new tracker would count from 1 again
+            assert min(track_ids(after)) >= min(recent), "lobby's track ids went back: its tracker was reset"
+        lobby_states = [e["state"] for e in daemon.of("camera", "lobby")]
+        assert lobby_states == ["streaming"], f"lobby was restarted: {lobby_states}"
+
+        # 2. a broken file: located error, `config` rejected event, both cameras keep running
+        config.write_text(config.read_text().replace("fps: 8, loop: true}\n  - {name: door",
+                                                     "fps: 0, loop: true}\n  - {name: door"))
+        count = len(daemon.of("observation", "door"))
+        daemon.signal(signal.SIGHUP)
+        daemon.wait_for(lambda: any(e["status"] == "rejected" for e in daemon.of("config")), 15, "a rejected event")
+        rejected = [e for e in daemon.of("config") if e["status"] == "rejected"][0]
+        assert any(re.match(rf"{re.escape(str(config))}:\d+: cameras\[0\]\.fps: ", line) for line in rejected["errors"]), \
+            rejected
+        assert rejected["camera"] is None and rejected["ts"] > 0
+        assert f"{config}:" in daemon.stderr_text() and "rejected" in daemon.stderr_text()
+        daemon.wait_for(lambda: len(daemon.of("observation", "door")) > count + 3, 10, "door keeps running")
+
+        # 3. the fix (door removed again) applies
+        write_config(config, [lobby])
+        daemon.signal(signal.SIGHUP)
+        daemon.wait_for(lambda: [e for e in daemon.of("config") if e["status"] == "applied"
+                                 and "removed camera(s) door" in e["changes"]], 15, "the fixed file applied")
+        daemon.wait_for(lambda: "stopped" in [e["state"] for e in daemon.of("camera", "door")], 5, "door stopped")
+        assert [e["state"] for e in daemon.of("camera", "lobby")] == ["streaming"]
+
+        # 4. a model change rebuilds the models; lobby's capture keeps running
+        config.write_text(config.read_text().replace("input_size: [320, 192]", "input_size: [320, 224]"))
+        count = len(daemon.of("observation", "lobby"))
+        daemon.signal(signal.SIGHUP)
+        daemon.wait_for(lambda: [e for e in daemon.of("config") if "models reloaded" in e.get("changes", [])], 30,
+                        "models reloaded")
+        daemon.wait_for(lambda: len(daemon.of("observation", "lobby")) > count + 5, 15, "lobby on the new models")
+        assert [e["state"] for e in daemon.of("camera", "lobby")] == ["streaming"]
+        ready_after_reload = [t for t, _ in listener.with_key("READY", "1")]
+        assert len(ready_after_reload) >= 5, "READY=1 after each reload"
+
+        code, seconds = daemon.terminate()
+        print(f"\nSIGTERM to exit after reloads: {seconds:.2f} s")
+        if os.environ.get("SHOW_STDERR"):
+            print(daemon.stderr_text())
+        assert code == 0 and seconds < HANG_GUARD_S
+        assert "Traceback" not in daemon.stderr_text()
+    finally:
+        listener.close()
+
+
+def test_wedged_worker_withholds_the_watchdog(prepared_models: None, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    """A worker stuck inside analysis (a hung backend call, injected here) stops the WATCHDOG=1 pings, so systemd
+    restarts the service instead of leaving it hung; when the stage beats again the pings resume."""
+    import threading
+    import time
+
+    import pipeline.status
+    from pipeline.config import load_config
+    from pipeline.daemon import Daemon
+
+    monkeypatch.setattr(pipeline.status, "WORKER_STALE_S", 1.0)
+    listener = NotifyListener(tmp_path / "notify.sock")
+    config = write_config(tmp_path / "config.yaml", [f"{{name: lobby, source: '{clip()}', fps: 10, loop: true}}"])
+    daemon = Daemon(load_config(config), notifier=Notifier(_notify_env(listener)))
+    runner = threading.Thread(target=daemon.run, args=(30,), daemon=True)
+    try:
+        daemon.start()
+        runner.start()
+        assert wait_until(lambda: len(listener.with_key("WATCHDOG", "1")) >= 2, 10), "no WATCHDOG=1"
+        assert daemon.perception is not None
+        release, analyze = threading.Event(), daemon.perception.analyze
+
+        def hung(image):  # type: ignore[no-untyped-def]
+            release.wait(20)
+            return analyze(image)
+
+        monkeypatch.setattr(daemon.perception, "analyze", hung)
+        time.sleep(1.5)  # the worker enters the hung call and its heartbeat ages past 1 s
+        pings_before = len(listener.with_key("WATCHDOG", "1"))
+        time.sleep(1.5)
+        assert len(listener.with_key("WATCHDOG", "1")) == pings_before, "watchdog fed while the worker is wedged"
+        assert "worker-lobby" in caplog.text and "withholding the systemd watchdog" in caplog.text
+        release.set()
+        assert wait_until(lambda: len(listener.with_key("WATCHDOG", "1")) > pings_before, 5), "pings did not resume"
+    finally:
+        release_all = locals().get("release")
+        if release_all is not None:
+            release_all.set()
+        daemon.stop_event.set()
+        runner.join(5) if runner.is_alive() else daemon.stop()
+        listener.close()
+
+
+def test_notifier_without_systemd_is_silent() -> None:
+    notifier = Notifier({})
+    assert not notifier.enabled and notifier.watchdog_interval_s is None
+    assert notifier.ready("x") is False
+    assert Notifier({"WATCHDOG_USEC": "1000000", "WATCHDOG_PID": str(os.getpid() + 1)}).watchdog_interval_s is None
+    assert Notifier({"WATCHDOG_USEC": "1000000", "WATCHDOG_PID": str(os.getpid())}).watchdog_interval_s == 0.5
+
+
+def test_credentials_become_environment_variables(tmp_path: Path) -> None:
+    (tmp_path / "env_CAM_PASS").write_text("s3cret\n")
+    (tmp_path / "EMOTION_TOKEN").write_text("tok")
+    (tmp_path / "not-a-name").write_text("x")
+    env = {"CREDENTIALS_DIRECTORY": str(tmp_path), "EMOTION_TOKEN": "from-env"}
+    assert export_credentials(env) == ["CAM_PASS"]
+    assert env["CAM_PASS"] == "s3cret" and env["EMOTION_TOKEN"] == "from-env"
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_unit_file_verifies(tmp_path: Path) -> None:
+    """`systemd-analyze verify` on the unit, its /opt paths pointed at this checkout (verify checks the binaries)."""
+    import subprocess
+
+    text = (ROOT / "deploy" / "emotion-pipeline.service").read_text()
+    text = text.replace("/opt/emotion-pipeline/venv/bin/python", sys.executable).replace("/opt/emotion-pipeline",
+                                                                                          str(ROOT))
+    unit = tmp_path / "emotion-pipeline.service"
+    unit.write_text(text)
+    done = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "emotion-pipeline.service" not in done.stderr, done.stderr  # no warning about our unit
+    for line in ("Type=notify", "ExecReload=/bin/kill -HUP $MAINPID", "WatchdogSec=", "Restart=on-failure",
+                 "NoNewPrivileges=yes", "ProtectSystem=strict", "PrivateTmp=yes", "check-config"):
+        assert line in text
