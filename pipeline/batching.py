@@ -13,6 +13,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -66,7 +67,7 @@ class BatchedModel:
         self.stats = BatchStats()
         self._input_name = backend.inputs[0].name
         self._requests: queue.Queue[_Request] = queue.Queue(maxsize=queue_size)
-        self._batches: queue.Queue[list[_Request] | None] = queue.Queue(maxsize=self.lanes)
+        self._batches: queue.Queue[list[_Request] | Callable[[int], None] | None] = queue.Queue(maxsize=self.lanes)
         self._closing = threading.Event()
         self._lock = threading.Lock()
         self._submit_lock = threading.Lock()
@@ -94,6 +95,27 @@ class BatchedModel:
                 self.stats.rejected += 1
             raise QueueFullError(f"{self.name}: request queue full ({self._requests.maxsize})")
         return request.future
+
+    def warm_up(self, item_shape: tuple[int, ...], dtype: np.dtype, timeout: float = 300.0) -> None:
+        """Let every lane pay its one-time costs on the thread that will run it.
+
+        GPU runtimes keep per-thread state (ONNX Runtime's CUDA provider builds kernels and handles per thread and
+        input shape, which costs seconds): warming from another thread would leave that cost to the first frames."""
+        barrier = threading.Barrier(self.lanes + 1)
+        errors: list[BaseException] = []
+
+        def warm(lane: int) -> None:
+            try:
+                self.backend.warm_up(item_shape, dtype, lane)
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, on the caller's thread
+                errors.append(exc)
+            barrier.wait(timeout)  # hold this runner until every lane has taken its own warm-up task
+
+        for _ in range(self.lanes):
+            self._batches.put(warm)  # type: ignore[arg-type]
+        barrier.wait(timeout)
+        if errors:
+            raise errors[0]
 
     def infer(self, item: np.ndarray, timeout: float = 10.0) -> dict[str, np.ndarray]:
         """submit() and wait: the plain sequential call a camera worker makes."""
@@ -124,6 +146,9 @@ class BatchedModel:
             batch = self._batches.get()
             if batch is None:
                 return
+            if callable(batch):  # a warm-up task (see warm_up)
+                batch(lane)
+                continue
             self._run_batch(batch, lane)
 
     def _run_batch(self, batch: list[_Request], lane: int) -> None:

@@ -415,8 +415,9 @@ class WebsocketOutput(StrictModel):
     type: Literal["websocket"] = Field("websocket", description="Output kind.")
     events: list[EventName] = Field(default_factory=lambda: list(ALL_EVENTS), min_length=1,
                                     description="Event types sent: observation, command, camera.")
-    queue_size: int = Field(256, ge=1, le=100_000, description="Events buffered per client before the oldest "
-                                                               "are dropped.")
+    queue_size: int = Field(256, ge=1, le=100_000, description="Events buffered per /ws client; a client that "
+                                                               "falls this far behind is disconnected (and counted) "
+                                                               "rather than waited for.")
 
 
 class OscOutput(StrictModel):

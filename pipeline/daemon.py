@@ -1,8 +1,8 @@
 """Wires the pipeline together and owns its lifetime: one stop event, ordered start, reload and shutdown.
 
 Start: status server (fails fast on a taken port) → models (warm) → outputs → behaviour → cameras → READY=1.
-Stop (SIGTERM/SIGINT): STOPPING=1 → cameras → workers → models (finish in-flight batches) → behaviour (drain) →
-outputs (flush) → server. Every join has a share of a ~3 s budget, so a wedged stage cannot hold the process.
+Stop (SIGTERM/SIGINT): STOPPING=1 → cameras → workers → models (finish in-flight batches) → behaviour (drain)
+→ outputs (flush) → server. Every join has a share of a ~3 s budget, so a wedged stage cannot hold the process.
 Reload (SIGHUP): the signal handler only raises a flag; the main loop re-reads the file (pipeline.reload decides what
 to restart). The main loop also feeds the systemd watchdog, only while every stage beats (pipeline.status).
 """
@@ -15,27 +15,24 @@ import signal
 import threading
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from pipeline.backends.base import BackendError
 from pipeline.behavior import BehaviorMapper
 from pipeline.camera_stats import CameraHealth, connection_quality
 from pipeline.capture import CaptureThread
-from pipeline.config import AppConfig, CameraConfig, ConfigError, load_config
+from pipeline.config import AppConfig, CameraConfig
 from pipeline.events import Event, camera_event, command_event, observation_event
-from pipeline.logs import setup_logging
-from pipeline.manifest import ManifestError
 from pipeline.metrics import PipelineMetrics
-from pipeline.models import ModelError
 from pipeline.notify import Notifier
 from pipeline.perception import Perception
 from pipeline.preview import PreviewStore
 from pipeline.redact import mask_secrets
-from pipeline.reload import ReloadPlan, enabled_cameras, plan_reload
-from pipeline.server import ServerStartError, StatusServer
+from pipeline.lifecycle import close_sinks, join_all, run_bounded
+from pipeline.reload import ConfigReloader, enabled_cameras
+from pipeline.server import StatusServer
 from pipeline.sinks.base import EventBus, Sink, create_sink
 from pipeline.sinks.websocket import EventHub, WebsocketSink
 from pipeline.sources import configure_ffmpeg
@@ -52,7 +49,6 @@ STATUS_LOG_S = 60.0
 STATUS_NOTIFY_S = 5.0
 RECENT_COMMANDS = 20
 CONFIG_EVENT_OUTPUTS = frozenset({"stdout", "websocket"})  # the JSON outputs also carry `config` events
-RELOAD_ERRORS = (ModelError, BackendError, ManifestError, ServerStartError, ValueError, OSError)
 # Shares of the shutdown budget (seconds); the sum stays under 3 s even when every stage is wedged.
 STOP_BUDGET = {"cameras": 1.0, "workers": 0.5, "models": 0.4, "behavior": 0.3, "outputs": 0.4, "server": 0.4}
 JOIN_TIMEOUT_S = 2.0  # a camera stopped by a reload
@@ -160,7 +156,7 @@ class Daemon:
         self.started_mono = time.monotonic()
         self.started = False
         self.ready = False
-        self._log_level = log_level
+        self.log_level = log_level  # --log-level, which wins over logging.level on reload too
         self._reload_requested = threading.Event()
         self._stopped = False
         self._withheld: frozenset[str] = frozenset()
@@ -176,22 +172,22 @@ class Daemon:
         if self.cfg.server.enabled:
             self.server = StatusServer(self.cfg.server, self)
             self.server.start()
-        self.perception = self._load_perception(self.cfg)
-        self.sinks = self._open_sinks(self.cfg.outputs)
+        self.perception = self.load_perception(self.cfg)
+        self.sinks = self.open_sinks(self.cfg.outputs)
         self.bus = EventBus(self.sinks)
-        self._configure_hub(self.cfg)
+        self.configure_hub(self.cfg)
         self.mapper_thread.start()
         self.started = True
-        self._configure_ffmpeg(self.cfg)
+        self.set_rtsp_transport(self.cfg)
         for cam_cfg in enabled_cameras(self.cfg).values():
-            self._start_camera(cam_cfg)
+            self.start_camera(cam_cfg)
         self.ready = True
         self.notifier.ready(status_line(self))
         log.info("running: %d camera(s), outputs: %s", len(self.cameras),
                  ", ".join(label for label, _ in self.sink_labels()) or "none")
 
     @staticmethod
-    def _load_perception(cfg: AppConfig) -> Perception:
+    def load_perception(cfg: AppConfig) -> Perception:
         perception = Perception.from_config(cfg)
         try:
             perception.warm_up()
@@ -200,7 +196,7 @@ class Daemon:
             raise
         return perception
 
-    def _open_sinks(self, outputs: list[Any]) -> list[Sink]:
+    def open_sinks(self, outputs: list[Any]) -> list[Sink]:
         sinks: list[Sink] = []
         try:
             for out in outputs:
@@ -212,40 +208,41 @@ class Daemon:
                 sink.start()
                 sinks.append(sink)
         except BaseException:
-            _close_sinks(sinks, STOP_BUDGET["outputs"])
+            close_sinks(sinks, STOP_BUDGET["outputs"])
             raise
         return sinks
 
-    def _configure_hub(self, cfg: AppConfig) -> None:
+    def configure_hub(self, cfg: AppConfig) -> None:
         self.hub.configure(next((o for o in cfg.outputs if o.type == "websocket"), None))
 
     @staticmethod
-    def _configure_ffmpeg(cfg: AppConfig) -> None:
+    def set_rtsp_transport(cfg: AppConfig) -> None:
+        """FFmpeg's RTSP options are process-wide: set them before any stream opens."""
         transports = {c.rtsp_transport for c in cfg.cameras if c.enabled and c.source_kind == "rtsp"}
         configure_ffmpeg(transports.pop() if transports else "tcp")
 
-    def _new_tracker(self) -> IouTracker:
+    def new_tracker(self) -> IouTracker:
         t = self.cfg.tracking
         return IouTracker(t.iou_threshold, t.max_age_s, t.smoothing_half_life_ms)
 
-    def _new_worker(self, capture: CaptureThread, tracker: IouTracker, fps: float,
-                    stop: threading.Event) -> CameraWorker:
+    def new_worker(self, capture: CaptureThread, tracker: IouTracker, fps: float,
+                   stop: threading.Event) -> CameraWorker:
         if self.perception is None:
             raise RuntimeError("start() loads the models before cameras")
         return PreviewingWorker(capture, self.perception, tracker, fps, self._on_observation, stop)
 
-    def _start_camera(self, cam_cfg: CameraConfig) -> None:
+    def start_camera(self, cam_cfg: CameraConfig) -> None:
         capture_stop, worker_stop = threading.Event(), threading.Event()
         capture = CaptureThread(cam_cfg, capture_stop, self._on_camera_event)
-        worker = self._new_worker(capture, self._new_tracker(), cam_cfg.fps, worker_stop)
+        worker = self.new_worker(capture, self.new_tracker(), cam_cfg.fps, worker_stop)
         self.cameras = {**self.cameras, cam_cfg.name: Camera(cam_cfg, capture, worker, capture_stop, worker_stop)}
         capture.start()
         worker.start()
 
-    def _stop_camera(self, name: str) -> None:
+    def stop_camera(self, name: str) -> None:
         cam = self.cameras[name]
         cam.signal_stop()
-        _join([cam.capture, cam.worker], JOIN_TIMEOUT_S)
+        join_all([cam.capture, cam.worker], JOIN_TIMEOUT_S)
         self.cameras = {k: v for k, v in self.cameras.items() if k != name}
         self.previews.forget(name)
         self.metrics.forget_camera(name)
@@ -376,116 +373,7 @@ class Daemon:
 
     def reload(self) -> bool:
         """Re-read and validate the config file; apply it, or keep the running one and say why. True if applied."""
-        if self.config_path is None:
-            log.warning("SIGHUP: no configuration file to reload (the daemon was given a config object)")
-            return False
-        log.info("SIGHUP: reloading %s", self.config_path)
-        self.notifier.reloading()
-        try:
-            new = load_config(self.config_path)
-            plan = plan_reload(self.cfg, new)
-            self._apply(new, plan)
-        except ConfigError as exc:
-            self._reject([issue.format() for issue in exc.issues])
-            return False
-        except RELOAD_ERRORS as exc:
-            self._reject([mask_secrets(str(exc))])
-            return False
-        finally:
-            self.notifier.ready(status_line(self))
-        self.reloads["applied"] += 1
-        self.config_loaded_at = time.time()
-        changes = plan.describe()
-        log.info("configuration %s applied: %s", self.config_path, "; ".join(changes))
-        self.bus.publish({"type": "config", "camera": None, "ts": round(time.time(), 3), "status": "applied",
-                          "path": str(self.config_path), "changes": changes})
-        return True
-
-    def _reject(self, errors: list[str]) -> None:
-        self.reloads["rejected"] += 1
-        log.error("configuration %s rejected, the running configuration stays in force:", self.config_path)
-        for line in errors:
-            log.error("%s", line)
-        self.bus.publish({"type": "config", "camera": None, "ts": round(time.time(), 3), "status": "rejected",
-                          "path": str(self.config_path), "errors": errors})
-
-    def _apply(self, new: AppConfig, plan: ReloadPlan) -> None:
-        """Prepare what can fail (models, outputs, server) first; only then swap, so a failure changes nothing."""
-        perception = self._load_perception(new) if plan.models else None
-        sinks: list[Sink] | None = None
-        try:
-            if plan.outputs:
-                sinks = self._open_sinks(new.outputs)
-            if plan.server == "restart":
-                self._restart_server(new)
-        except BaseException:
-            if perception is not None:
-                perception.close()
-            if sinks:
-                _close_sinks(sinks, STOP_BUDGET["outputs"])
-            raise
-        if plan.server == "live" and self.server is not None:
-            self.server.update(new.server)
-        self.previews.fps = new.server.preview_fps
-        if sinks is not None:
-            old_sinks, self.sinks = self.sinks, sinks
-            self.bus.sinks = sinks
-            self._configure_hub(new)
-            _close_sinks(old_sinks, STOP_BUDGET["outputs"])
-        if plan.logging:
-            setup_logging(self._log_level or new.logging.level, new.logging.format)
-        if plan.behavior:
-            self.mapper = BehaviorMapper(new.behavior)
-        self.cfg = new
-        for name in plan.removed + plan.changed:
-            self._stop_camera(name)
-        if perception is not None or plan.tracking:
-            self._restart_workers(perception, fresh_trackers=plan.tracking)
-        self._configure_ffmpeg(new)
-        cams = enabled_cameras(new)
-        for name in plan.changed + plan.added:
-            self._start_camera(cams[name])
-
-    def _restart_server(self, new: AppConfig) -> None:
-        """Host, port or enabled changed: rebind. If the new address fails, the old server comes back."""
-        old = self.server
-        if old is not None:
-            old.stop()
-            self.server = None
-        if not new.server.enabled:
-            return
-        try:
-            server = StatusServer(new.server, self)
-            server.start()
-        except ServerStartError:
-            if old is not None:
-                revived = StatusServer(self.cfg.server, self)
-                try:
-                    revived.start()
-                    self.server = revived
-                except ServerStartError as exc:
-                    log.error("the previous status server could not be restarted either: %s", exc)
-            raise
-        self.server = server
-
-    def _restart_workers(self, perception: Perception | None, fresh_trackers: bool) -> None:
-        """New workers for every running camera (new models and/or trackers); captures keep running."""
-        cams = list(self.cameras.values())
-        for cam in cams:
-            cam.worker_stop.set()
-        _join([cam.worker for cam in cams], JOIN_TIMEOUT_S)
-        if perception is not None:
-            old, self.perception = self.perception, perception
-            if old is not None:
-                _bounded(old.close, STOP_BUDGET["models"] * 5, "previous models")
-        replaced = {}
-        for cam in cams:
-            tracker = self._new_tracker() if fresh_trackers else cam.worker.tracker
-            stop = threading.Event()
-            worker = self._new_worker(cam.capture, tracker, cam.cfg.fps, stop)
-            replaced[cam.cfg.name] = replace(cam, worker=worker, worker_stop=stop)
-            worker.start()
-        self.cameras = {**self.cameras, **replaced}
+        return ConfigReloader(self).reload()
 
     # ------------------------------------------------------------------ stop
 
@@ -500,44 +388,16 @@ class Daemon:
         cams = list(self.cameras.values())
         for cam in cams:
             cam.signal_stop()
-        _join([cam.capture for cam in cams], STOP_BUDGET["cameras"])
-        _join([cam.worker for cam in cams], STOP_BUDGET["workers"])
+        join_all([cam.capture for cam in cams], STOP_BUDGET["cameras"])
+        join_all([cam.worker for cam in cams], STOP_BUDGET["workers"])
         if self.perception is not None:
-            _bounded(self.perception.close, STOP_BUDGET["models"], "models")
+            run_bounded(self.perception.close, STOP_BUDGET["models"], "models")
         if self.mapper_thread.is_alive():
-            _join([self.mapper_thread], STOP_BUDGET["behavior"])
-        _close_sinks(self.sinks, STOP_BUDGET["outputs"])
+            join_all([self.mapper_thread], STOP_BUDGET["behavior"])
+        close_sinks(self.sinks, STOP_BUDGET["outputs"])
         if self.server is not None:
             self.server.stop(STOP_BUDGET["server"])
         self.notifier.close()
         log.info("stopped in %.2f s (observations dropped before behaviour: %d)", time.monotonic() - began,
                  self.counters.observations_dropped)
 
-
-def _join(threads: list[threading.Thread], budget_s: float) -> None:
-    """Join threads against one shared deadline; name the ones that did not stop in time."""
-    deadline = time.monotonic() + budget_s
-    for thread in threads:
-        if thread.ident is not None:
-            thread.join(max(0.0, deadline - time.monotonic()))
-    late = [t.name for t in threads if t.is_alive()]
-    if late:
-        log.warning("did not stop within %.1f s: %s", budget_s, ", ".join(late))
-
-
-def _bounded(fn: Any, budget_s: float, what: str) -> None:
-    """Run fn on a helper thread and wait at most budget_s (a backend that hangs in close must not hold us)."""
-    helper = threading.Thread(target=fn, name=f"close-{what}", daemon=True)
-    helper.start()
-    helper.join(budget_s)
-    if helper.is_alive():
-        log.warning("%s did not close within %.1f s", what, budget_s)
-
-
-def _close_sinks(sinks: list[Sink], budget_s: float) -> None:
-    """Flush every output at once (each on a helper thread), sharing one budget."""
-    helpers = [threading.Thread(target=sink.close, kwargs={"timeout": budget_s}, name=f"close-{sink.type_name}",
-                                daemon=True) for sink in sinks]
-    for helper in helpers:
-        helper.start()
-    _join(helpers, budget_s + 0.05)

@@ -136,8 +136,9 @@ class _LiveCollector(Collector):
     @staticmethod
     def _cameras(daemon: Daemon) -> Iterator[Metric]:
         labels = ["camera"]
-        families = {
-            "frames_in": CounterMetricFamily(f"{PREFIX}_camera_frames_in", "Frames read from the camera.", labels=labels),
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
+            "frames_in": CounterMetricFamily(f"{PREFIX}_camera_frames_in", "Frames read from the camera.",
+                                             labels=labels),
             "frames_analysed": CounterMetricFamily(f"{PREFIX}_camera_frames_analysed", "Frames analysed.",
                                                    labels=labels),
             "frames_skipped": CounterMetricFamily(f"{PREFIX}_camera_frames_skipped", "Frames read but not analysed "

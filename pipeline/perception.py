@@ -52,10 +52,10 @@ class Perception:
     def warm_up(self) -> None:
         """One run of each model, so the first camera frame does not pay for lazy initialisation."""
         width, height = self.detector.input_size
-        self.detector.model.backend.warm_up((height, width, 3), np.dtype(np.uint8))
+        self.detector.model.warm_up((height, width, 3), np.dtype(np.uint8))
         w, h = self.classifier.size
         channels = 1 if self.classifier.gray else 3
-        self.classifier.model.backend.warm_up((h, w, channels), np.dtype(np.uint8))
+        self.classifier.model.warm_up((h, w, channels), np.dtype(np.uint8))
         self.detector.detect(np.zeros((height, width, 3), np.uint8), RESULT_TIMEOUT_S)
         self.classifier.classify([self.classifier.crop_from_still(np.zeros((h, w, 3), np.uint8))], RESULT_TIMEOUT_S)
 

@@ -24,9 +24,11 @@ import asyncio
 import contextlib
 import errno
 import hmac
+import html
 import logging
 import threading
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -115,7 +117,7 @@ class StatusServer:
             loop.run_forever()
             loop.run_until_complete(self._shutdown())
         finally:
-            self._daemon.hub.attach(None)
+            self._daemon.hub.detach(loop)
             loop.close()
 
     async def _startup(self) -> None:
@@ -180,8 +182,12 @@ class StatusServer:
     async def _status(self, request: web.Request) -> web.Response:
         return web.json_response(await self._in_pool(status_document, self._daemon), headers=NO_CACHE)
 
-    async def _index(self, request: web.Request) -> web.FileResponse:
-        return web.FileResponse(STATIC_DIR / "index.html", headers=NO_CACHE)
+    async def _index(self, request: web.Request) -> web.Response:
+        """The page; with a token, its own assets are linked with `?token=` too (a browser sends no header)."""
+        token = request.query.get("token") if self.cfg.token else None
+        query = html.escape("?token=" + urllib.parse.quote(token, safe="")) if token else ""
+        page = (STATIC_DIR / "index.html").read_text(encoding="utf-8").replace("__QUERY__", query)
+        return web.Response(text=page, content_type="text/html", headers=NO_CACHE)
 
     async def _preview_jpeg(self, request: web.Request) -> web.Response:
         name = request.match_info["camera"]

@@ -140,8 +140,9 @@ def _model_status(model: Any, cfg: Any) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - descriptive only
         described = {}
     return {
-        "name": model.name, "backend": getattr(backend, "name", cfg.backend), "device": cfg.device,
-        "precision": cfg.precision, "max_batch": model.max_batch, "lanes": model.lanes,
+        "name": model.name, "backend": described.get("backend", getattr(backend, "name", cfg.backend)),
+        "device": described.get("device", cfg.device), "precision": described.get("precision", cfg.precision),
+        "file": described.get("file"), "max_batch": model.max_batch, "lanes": model.lanes,
         "batches": stats.batches, "items": stats.items, "mean_batch": round(stats.items / batches, 2),
         "rejected": stats.rejected, "failed": stats.failed,
         "mean_queue_ms": round(stats.queue_s * 1000.0 / max(1, stats.items), 2),

@@ -6,6 +6,7 @@ environment. The exit time after SIGTERM is printed (`-s` shows it); the asserti
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -25,6 +26,7 @@ from tests.running_daemon import NotifyListener, RunningDaemon, clip, daemons, w
 pytestmark = pytest.mark.slow
 
 HANG_GUARD_S = 5.0  # the target is 3 s; this only catches a hang
+JSON_LOGS = "logging: {format: json}\n"
 
 
 def _notify_env(listener: NotifyListener) -> dict[str, str]:
@@ -43,8 +45,8 @@ def test_notify_path_socket_ready_status_watchdog_stopping(prepared_models: None
         # WATCHDOG_USEC=1 s: a ping every 0.5 s while every stage beats
         daemon.wait_for(lambda: len(listener.with_key("WATCHDOG", "1")) >= 3, 10, "three WATCHDOG=1")
         pings = [t for t, _ in listener.with_key("WATCHDOG", "1")]
-        gaps = [b - a for a, b in zip(pings, pings[1:])]
-        assert all(0.3 < gap < 0.9 for gap in gaps), gaps
+        gaps = sorted(b - a for a, b in zip(pings, pings[1:]))
+        assert gaps[0] > 0.3 and gaps[len(gaps) // 2] < 1.0, gaps  # about every 0.5 s, never a flood
         daemon.wait_for(lambda: daemon.of("observation", "lobby"), 20, "an observation")
         daemon.wait_for(lambda: any("1/1 cameras streaming" in m["STATUS"] for _, m in listener.with_key("STATUS")),
                         10, "STATUS= naming the streaming camera")
@@ -78,7 +80,7 @@ def test_sighup_adds_camera_rejects_broken_file_then_applies_fix(prepared_models
                                                                   daemons: Callable[..., RunningDaemon]) -> None:
     lobby = f"{{name: lobby, source: '{clip()}', fps: 8, loop: true}}"
     door = f"{{name: door, source: '{clip()}', fps: 8, loop: true}}"
-    config = write_config(tmp_path / "config.yaml", [lobby])
+    config = write_config(tmp_path / "config.yaml", [lobby], extra=JSON_LOGS)
     listener = NotifyListener(tmp_path / "notify.sock")
     try:
         daemon = daemons(config, env=_notify_env(listener))
@@ -92,7 +94,7 @@ def test_sighup_adds_camera_rejects_broken_file_then_applies_fix(prepared_models
         last_frame = before[-1]["frame"]
 
         # 1. a valid change: a camera added
-        write_config(config, [lobby, door])
+        write_config(config, [lobby, door], extra=JSON_LOGS)
         daemon.signal(signal.SIGHUP)
         daemon.wait_for(lambda: daemon.of("observation", "door"), 30, "observations from the added camera")
         applied = daemon.of("config")
@@ -114,14 +116,15 @@ def test_sighup_adds_camera_rejects_broken_file_then_applies_fix(prepared_models
         daemon.signal(signal.SIGHUP)
         daemon.wait_for(lambda: any(e["status"] == "rejected" for e in daemon.of("config")), 15, "a rejected event")
         rejected = [e for e in daemon.of("config") if e["status"] == "rejected"][0]
-        assert any(re.match(rf"{re.escape(str(config))}:\d+: cameras\[0\]\.fps: ", line) for line in rejected["errors"]), \
-            rejected
+        located = rf"{re.escape(str(config))}:\d+: cameras\[0\]\.fps: "
+        assert any(re.match(located, line) for line in rejected["errors"]), rejected
         assert rejected["camera"] is None and rejected["ts"] > 0
-        assert f"{config}:" in daemon.stderr_text() and "rejected" in daemon.stderr_text()
+        logs = [json.loads(line) for line in daemon.stderr if line.startswith("{")]  # logging.format: json
+        assert any(entry["level"] == "error" and re.match(located, entry["message"]) for entry in logs), logs[-5:]
         daemon.wait_for(lambda: len(daemon.of("observation", "door")) > count + 3, 10, "door keeps running")
 
         # 3. the fix (door removed again) applies
-        write_config(config, [lobby])
+        write_config(config, [lobby], extra=JSON_LOGS)
         daemon.signal(signal.SIGHUP)
         daemon.wait_for(lambda: [e for e in daemon.of("config") if e["status"] == "applied"
                                  and "removed camera(s) door" in e["changes"]], 15, "the fixed file applied")
@@ -141,8 +144,6 @@ def test_sighup_adds_camera_rejects_broken_file_then_applies_fix(prepared_models
 
         code, seconds = daemon.terminate()
         print(f"\nSIGTERM to exit after reloads: {seconds:.2f} s")
-        if os.environ.get("SHOW_STDERR"):
-            print(daemon.stderr_text())
         assert code == 0 and seconds < HANG_GUARD_S
         assert "Traceback" not in daemon.stderr_text()
     finally:
@@ -163,34 +164,39 @@ def test_wedged_worker_withholds_the_watchdog(prepared_models: None, tmp_path: P
 
     monkeypatch.setattr(pipeline.status, "WORKER_STALE_S", 1.0)
     listener = NotifyListener(tmp_path / "notify.sock")
-    config = write_config(tmp_path / "config.yaml", [f"{{name: lobby, source: '{clip()}', fps: 10, loop: true}}"])
+    config = write_config(tmp_path / "config.yaml", [f"{{name: lobby, source: '{clip()}', fps: 10, loop: true}}"],
+                          outputs="[]")
     daemon = Daemon(load_config(config), notifier=Notifier(_notify_env(listener)))
-    runner = threading.Thread(target=daemon.run, args=(30,), daemon=True)
-    try:
+    release = threading.Event()
+
+    def start_and_run() -> None:  # off the main thread, so pytest's own signal handlers stay in place
         daemon.start()
+        daemon.run(60)
+
+    runner = threading.Thread(target=start_and_run, daemon=True)
+    try:
         runner.start()
-        assert wait_until(lambda: len(listener.with_key("WATCHDOG", "1")) >= 2, 10), "no WATCHDOG=1"
+        assert wait_until(lambda: len(listener.with_key("WATCHDOG", "1")) >= 2, 60), "no WATCHDOG=1"
         assert daemon.perception is not None
-        release, analyze = threading.Event(), daemon.perception.analyze
+        analyze = daemon.perception.analyze
 
         def hung(image):  # type: ignore[no-untyped-def]
-            release.wait(20)
+            release.wait(30)
             return analyze(image)
 
         monkeypatch.setattr(daemon.perception, "analyze", hung)
-        time.sleep(1.5)  # the worker enters the hung call and its heartbeat ages past 1 s
+        assert wait_until(lambda: "withholding the systemd watchdog" in caplog.text, 10), caplog.text[-2000:]
+        assert "worker-lobby: no heartbeat" in caplog.text
         pings_before = len(listener.with_key("WATCHDOG", "1"))
-        time.sleep(1.5)
+        time.sleep(1.5)  # three ping intervals
         assert len(listener.with_key("WATCHDOG", "1")) == pings_before, "watchdog fed while the worker is wedged"
-        assert "worker-lobby" in caplog.text and "withholding the systemd watchdog" in caplog.text
         release.set()
         assert wait_until(lambda: len(listener.with_key("WATCHDOG", "1")) > pings_before, 5), "pings did not resume"
     finally:
-        release_all = locals().get("release")
-        if release_all is not None:
-            release_all.set()
+        release.set()
         daemon.stop_event.set()
-        runner.join(5) if runner.is_alive() else daemon.stop()
+        runner.join(10)
+        daemon.stop()
         listener.close()
 
 

@@ -39,21 +39,25 @@ def served(prepared_models: None, tmp_path_factory: pytest.TempPathFactory) -> I
         tmp / "config.yaml",
         [f"{{name: lobby, source: '{clip()}', fps: 15, loop: true}}",
          f"{{name: hall, source: '{clip()}', fps: 25, loop: true}}",
-         f"{{name: door, source: '{tmp / 'missing.mp4'}', fps: 5, reconnect: {{initial_s: 0.5, max_s: 1, stall_s: 1}}}}"],
+         f"{{name: door, source: '{tmp / 'missing.mp4'}', fps: 5, "
+         "reconnect: {initial_s: 0.5, max_s: 1, stall_s: 1}}"],
         port=port, server=f"token: {TOKEN}, preview_fps: 4",
         outputs=f"[{{type: stdout, events: [command, camera]}}, {{type: websocket, queue_size: {WS_QUEUE}}}]")
     daemon = RunningDaemon(config)
     base = f"http://127.0.0.1:{port}"
-    daemon.wait_for(lambda: _get(base + "/healthz")[0] in (200, 503), 60, "the status server")
 
     def lobby_analysed() -> int:
         cameras = _get(base + "/api/status", AUTH)[1].get("cameras") or [{}]
         return int(cameras[0].get("frames_analysed", 0))
 
-    daemon.wait_for(lambda: lobby_analysed() > 5, 60, "lobby analysing frames")
-    yield daemon, base
-    code, seconds = daemon.terminate()
-    assert code == 0 and "Traceback" not in daemon.stderr_text()
+    try:
+        daemon.wait_for(lambda: _get(base + "/healthz")[0] in (200, 503), 60, "the status server")
+        daemon.wait_for(lambda: lobby_analysed() > 5, 60, "lobby analysing frames")
+        yield daemon, base
+        code, _ = daemon.terminate()
+        assert code == 0 and "Traceback" not in daemon.stderr_text()
+    finally:
+        daemon.kill()
 
 
 def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
@@ -211,7 +215,8 @@ def test_client_that_never_reads_is_dropped_without_slowing_others(served: tuple
         stuck.close()
     assert dropped, "the client that never reads was not dropped within 40 s"
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
-    print(f"\nreader got {len(arrivals)} observations while the stuck client was dropped; longest gap {max(gaps):.2f} s")
+    print(f"\nreader got {len(arrivals)} observations while the stuck client was dropped; "
+          f"longest gap {max(gaps):.2f} s")
     assert max(gaps) < 2.0, "the reading client was held up by the stuck one"
     status, text = _get(base + "/metrics", AUTH)
     dropped_metric = [s.value for f in text_string_to_metric_families(text.decode()) for s in f.samples

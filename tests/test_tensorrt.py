@@ -405,6 +405,7 @@ def test_emotion_engine_matches_onnxruntime(gpu: object, engines: Path, precisio
         assert staged is not None
         np.stack(list(batch), out=staged)  # what the batcher does: stack straight into pinned memory
         np.testing.assert_array_equal(backend.run({"image": staged}, lane=0)["probs"], got)
+        backend.warm_up((64, 64, 1), np.dtype(np.uint8))
         describe = backend.describe()
         assert describe["backend"] == "tensorrt" and describe["precision"] == precision
     finally:

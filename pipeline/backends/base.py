@@ -56,8 +56,10 @@ class Backend(ABC):
         """A host buffer the batcher may stack `batch` items into (pinned memory on GPU backends), or None."""
         return None
 
-    def warm_up(self, item_shape: tuple[int, ...], dtype: np.dtype) -> None:
-        """Pay one-time costs (kernel selection, buffers) for every batch shape this backend will run."""
+    def warm_up(self, item_shape: tuple[int, ...], dtype: np.dtype, lane: int = 0) -> None:
+        """Pay one lane's one-time costs (kernel selection, buffers) for every batch shape it will run.
+
+        Called by BatchedModel.warm_up on the thread that runs `lane`."""
 
     @abstractmethod
     def describe(self) -> dict[str, str]:

@@ -83,25 +83,26 @@ class OnnxRuntimeBackend(Backend):
         from pipeline.backends.cuda_lane import CudaLane, create_stream, load_cudart
 
         cudart = load_cudart()
-        sessions, lanes = [], []
-        for _ in range(cfg.lanes):
-            stream = create_stream(cudart)
+        # Names come from a CPU session: the CUDA sessions are made per lane and batch size (see cuda_lane).
+        probe = _session(ort, cfg, model, model_path, ["CPUExecutionProvider"])
+        input_name, outputs = probe.get_inputs()[0].name, [o.name for o in probe.get_outputs()]
+
+        def cuda_session(stream: int) -> Any:
             options = {"user_compute_stream": str(stream), "cudnn_conv_algo_search": "HEURISTIC"}
-            session = _session(ort, cfg, model, model_path, [("CUDAExecutionProvider", options)])
-            input_name = session.get_inputs()[0].name
-            outputs = [o.name for o in session.get_outputs()]
-            sessions.append(session)
-            lanes.append(CudaLane(cudart, session, stream, input_name, outputs, cfg.max_batch))
-        return cls(sessions, cfg, model_path, lanes)
+            return _session(ort, cfg, model, model_path, [("CUDAExecutionProvider", options)])
+
+        lanes = [CudaLane(cudart, cuda_session, create_stream(cudart), input_name, outputs, cfg.max_batch)
+                 for _ in range(cfg.lanes)]
+        return cls([probe], cfg, model_path, lanes)
 
     def staging(self, lane: int, batch: int, item_shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
         if not self._cuda_lanes:
             return None
         return self._cuda_lanes[lane].staging(batch, item_shape, dtype)
 
-    def warm_up(self, item_shape: tuple[int, ...], dtype: np.dtype) -> None:
-        for lane in self._cuda_lanes:
-            lane.warm(item_shape, dtype)
+    def warm_up(self, item_shape: tuple[int, ...], dtype: np.dtype, lane: int = 0) -> None:
+        if self._cuda_lanes:
+            self._cuda_lanes[lane].warm(item_shape, dtype)
 
     def run(self, batch: dict[str, np.ndarray], lane: int = 0) -> dict[str, np.ndarray]:
         if self._cuda_lanes:
@@ -110,7 +111,7 @@ class OnnxRuntimeBackend(Backend):
         return dict(zip(self._output_names, values))
 
     def describe(self) -> dict[str, str]:
-        providers = self._sessions[0].get_providers()
+        providers = ["CUDAExecutionProvider"] if self._cuda_lanes else self._sessions[0].get_providers()
         return {"backend": self.name, "device": self._device, "precision": self._precision,
                 "providers": ",".join(providers), "lanes": str(self.lanes), "file": self._model_path.name}
 

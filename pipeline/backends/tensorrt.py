@@ -264,6 +264,16 @@ class TensorRTBackend(Backend):
             return None
         return self._lanes[lane].staging(batch, item_shape, dtype)
 
+    def warm_up(self, item_shape: tuple[int, ...], dtype: np.dtype, lane: int = 0) -> None:
+        """One run of `lane` at batch 1 and at the largest batch, on the lane's own thread: the first enqueue on a
+        context pays for lazy setup. An engine has one profile with its kernels chosen at build time, so no other
+        shapes need a run."""
+        if len(self.inputs) != 1:
+            return
+        name = self.inputs[0].name
+        for batch in sorted({1, self.max_batch}):
+            self.run({name: np.zeros((batch, *item_shape), dtype=dtype)}, lane)
+
     def describe(self) -> dict[str, str]:
         return dict(self._info) if self._info else {"backend": self.name, "state": "closed"}
 

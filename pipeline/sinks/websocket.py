@@ -72,11 +72,16 @@ class EventHub:
         elif self._loop is not None and self._clients:
             self._call(self._drop_all, "the websocket output was removed from the configuration")
 
-    def attach(self, loop: asyncio.AbstractEventLoop | None) -> None:
-        """The status server's loop (None when the server stops)."""
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The status server's loop, once it serves."""
         with self._lock:
             self._loop = loop
-            if loop is None:
+
+    def detach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """That server stopped (a newer one may already be attached: then nothing changes)."""
+        with self._lock:
+            if self._loop is loop:
+                self._loop = None
                 self._clients.clear()
 
     @property

@@ -56,7 +56,8 @@ function renderCameras(cameras, previewFps) {
     tile.quality.className = "badge quality " + cam.quality;
     tile.figures.textContent =
       `in ${fmt(cam.fps_in)} fps · analysed ${fmt(cam.fps_analysed)} fps · skipped ${cam.frames_skipped}` +
-      ` · faces ${cam.faces} · last frame ${fmt(cam.last_frame_age_s)} s ago · latency ${fmt(cam.latency_ms, 0)} ms` +
+      ` · faces ${cam.faces} · last frame ${fmt(cam.last_frame_age_s)} s ago` +
+      ` · latency ${fmt(cam.latency_ms, 0)} ms` +
       ` · reconnects/h ${cam.reconnects_1h}`;
     if (previewFps <= 0 && !tile.shown) tile.frame.textContent = "previews disabled (server.preview_fps: 0)";
   }
@@ -109,7 +110,8 @@ function showPreview(name, jpeg) {
 
 function connectPreviews() {
   const scheme = location.protocol === "https:" ? "wss:" : "ws:";
-  const socket = new WebSocket(`${scheme}//${location.host}${location.pathname.replace(/[^/]*$/, "")}preview/ws${query}`);
+  const base = location.pathname.replace(/[^/]*$/, "");
+  const socket = new WebSocket(`${scheme}//${location.host}${base}preview/ws${query}`);
   socket.binaryType = "arraybuffer";
   socket.onmessage = (event) => {
     const bytes = new Uint8Array(event.data);

@@ -1,0 +1,113 @@
+"""The status page in a real headless Chromium (Debian's chromium + chromium-driver, driven by selenium).
+
+`.ci/run` installs both; without them the test is skipped with the reason. The daemon serves two looping file
+cameras with a token; the page is opened as an operator would, with `?token=` in its address.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.running_daemon import RunningDaemon, clip, free_port, wait_until, write_config
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+TOKEN = "page-t0ken"
+
+
+def _browser(profile: Path):  # type: ignore[no-untyped-def]
+    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
+        pytest.skip(f"needs {CHROMIUM} and {CHROMEDRIVER} (apt-get install chromium chromium-driver)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (requirements-dev.txt)")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
+                f"--user-data-dir={profile}", "--window-size=1100,820"):
+        options.add_argument(arg)
+    options.page_load_strategy = "eager"
+    return webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[object]:
+    driver = _browser(tmp_path / "profile")
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def test_status_page_shows_live_tiles(prepared_models: None, tmp_path: Path,
+                                      browser) -> None:  # type: ignore[no-untyped-def]
+    from selenium.webdriver.common.by import By
+
+    port = free_port()
+    config = write_config(tmp_path / "config.yaml",
+                          [f"{{name: lobby, source: '{clip()}', fps: 10, loop: true}}",
+                           f"{{name: hall, source: '{clip()}', fps: 5, loop: true}}"],
+                          port=port, server=f"token: {TOKEN}, preview_fps: 4")
+    daemon = RunningDaemon(config)
+    try:
+        import urllib.request
+
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+                    return response.status == 200
+            except OSError:
+                return False
+
+        daemon.wait_for(healthy, 60, "/healthz 200 with both cameras streaming")
+        browser.get(f"http://127.0.0.1:{port}/?token={TOKEN}")
+
+        def tiles() -> list:  # type: ignore[type-arg]
+            return browser.find_elements(By.CSS_SELECTOR, "#tiles .tile")
+
+        assert wait_until(lambda: len(tiles()) == 2, 10), browser.page_source[:2000]
+        assert sorted(t.get_attribute("data-camera") for t in tiles()) == ["hall", "lobby"]
+        lobby = browser.find_element(By.CSS_SELECTOR, '.tile[data-camera="lobby"]')
+
+        def preview_src() -> str:
+            images = lobby.find_elements(By.CSS_SELECTOR, "img.preview")
+            return images[0].get_attribute("src") or "" if images else ""
+
+        assert wait_until(lambda: preview_src().startswith("blob:"), 15), "no preview image arrived"
+        assert wait_until(lambda: browser.execute_script(
+            "const i = document.querySelector('.tile[data-camera=\"lobby\"] img.preview');"
+            "return i && i.complete && i.naturalWidth > 0;"), 5)
+        assert "streaming" in lobby.find_element(By.CSS_SELECTOR, ".state").text
+        assert "fps" in lobby.find_element(By.CSS_SELECTOR, ".figures").text
+        first_src, first_shot = preview_src(), lobby.find_element(By.CSS_SELECTOR, ".frame").screenshot_as_png
+        time.sleep(1.5)
+        second_src, second_shot = preview_src(), lobby.find_element(By.CSS_SELECTOR, ".frame").screenshot_as_png
+        assert second_src != first_src, "the preview image did not change"
+        assert second_shot != first_shot, "the preview looks the same 1.5 s later"
+        assert browser.find_element(By.ID, "overall").text == "ok"
+        assert wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#commands tbody tr"), 20), \
+            "no recent command on the page"
+        target = os.environ.get("STATUS_PAGE_SCREENSHOT")  # docs/status-page.png is made this way
+        if target:
+            browser.save_screenshot(target)
+        code, _ = daemon.terminate()
+        assert code == 0
+    finally:
+        daemon.kill()
+
+
+def test_chromium_presence_is_what_ci_installs() -> None:
+    """.ci/run installs the browser this module needs; keep the two in step."""
+    ci = (Path(__file__).resolve().parents[1] / ".ci" / "run").read_text()
+    assert "chromium chromium-driver" in ci
+    if shutil.which("chromium") is None:
+        pytest.skip("chromium is not installed here")
