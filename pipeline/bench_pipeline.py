@@ -100,7 +100,7 @@ def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
         perception.warm_up()  # type: ignore[union-attr]
     stop, recorder = threading.Event(), _Recorder()
     captures = [CaptureThread(cam, stop, lambda _e: None) for cam in cfg.cameras]
-    workers = [CameraWorker(capture, perception, IouTracker(), cam.fps, recorder, stop)  # type: ignore[arg-type]
+    workers = [CameraWorker(capture, perception, IouTracker(), recorder, stop)  # type: ignore[arg-type]
                for capture, perception, cam in zip(captures, perceptions, cfg.cameras)]
     for thread in [*captures, *workers]:
         thread.start()

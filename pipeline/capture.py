@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 READER_JOIN_S = 1.0
+# A frame arriving this fraction of a period early still counts as due (frame timing jitters).
+DUE_TOLERANCE = 0.25
 # How long an opened-but-silent source may take to deliver its first frame, beyond stall_s.
 OPEN_GRACE_S = OPEN_TIMEOUT_MS / 1000.0
 
@@ -104,7 +106,7 @@ class SourceReader(threading.Thread):
     """
 
     def __init__(self, cfg: CameraConfig, factory: Callable[[CameraConfig], VideoSource],
-                 publish: Callable[[np.ndarray], None]) -> None:
+                 publish: Callable[[np.ndarray], None], arrived: Callable[[], None]) -> None:
         super().__init__(name=f"reader-{cfg.name}", daemon=True)
         self.cfg = cfg
         self.outcome: SourceError | SourceEnded | None = None
@@ -113,6 +115,7 @@ class SourceReader(threading.Thread):
         self.frames = 0
         self._factory = factory
         self._publish = publish
+        self._arrived = arrived
         self._abandoned = threading.Event()
 
     def abandon(self) -> None:
@@ -123,14 +126,7 @@ class SourceReader(threading.Thread):
         try:
             source = self._factory(self.cfg)
             self.description = source.describe()
-            while not self._abandoned.is_set():
-                image = source.read(timeout=self.cfg.reconnect.stall_s)
-                if self._abandoned.is_set():
-                    break
-                if image is None:
-                    raise SourceError("no frame within the read timeout")
-                self._publish(image)
-                self.frames += 1  # after publishing: the watcher reads `frames > 0` as "last_frame_mono is ours"
+            self._read_loop(source)
         except (SourceError, SourceEnded) as exc:
             self.outcome = exc
         except Exception as exc:  # noqa: BLE001 - a decoder surprise must become a retry, not a dead camera
@@ -139,6 +135,23 @@ class SourceReader(threading.Thread):
         finally:
             if source is not None:
                 source.close()
+
+    def _read_loop(self, source: VideoSource) -> None:
+        """Grab every frame; convert and publish only those due under the camera's fps cap."""
+        period = 1.0 / self.cfg.fps
+        next_due = 0.0
+        while not self._abandoned.is_set():
+            if not source.grab(timeout=self.cfg.reconnect.stall_s):
+                raise SourceError("no frame within the read timeout")
+            if self._abandoned.is_set():
+                return
+            now = time.monotonic()
+            if now < next_due - period * DUE_TOLERANCE:
+                self._arrived()  # counted as read (and skipped); keeps the stall watch fed
+            else:
+                self._publish(source.retrieve())
+                next_due = max(next_due + period, now - period)
+            self.frames += 1  # after publishing: the watcher reads `frames > 0` as "last_frame_mono is ours"
 
 
 class CaptureThread(threading.Thread):
@@ -187,7 +200,7 @@ class CaptureThread(threading.Thread):
 
     def _session(self) -> None:
         """Watch one reader until it fails, ends, stalls, or the pipeline stops."""
-        reader = SourceReader(self.cfg, self._source_factory, self._publish)
+        reader = SourceReader(self.cfg, self._source_factory, self._publish, self._arrived)
         self.reader = reader
         reader.start()
         failure = self._watch(reader)
@@ -217,11 +230,15 @@ class CaptureThread(threading.Thread):
                 return SourceError("no frame after opening")
         return None
 
-    def _publish(self, image: np.ndarray) -> None:
-        self._index += 1
+    def _arrived(self) -> float:
         now = time.monotonic()
         self.last_frame_mono = now
         self.frames_in.mark(now)
+        return now
+
+    def _publish(self, image: np.ndarray) -> None:
+        self._index += 1
+        now = self._arrived()
         self.slot.put(Frame(self.cfg.name, self._index, image, now, time.time()))
 
     def _retry_later(self, reason: str) -> None:

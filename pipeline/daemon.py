@@ -225,16 +225,15 @@ class Daemon:
         t = self.cfg.tracking
         return IouTracker(t.iou_threshold, t.max_age_s, t.smoothing_half_life_ms)
 
-    def new_worker(self, capture: CaptureThread, tracker: IouTracker, fps: float,
-                   stop: threading.Event) -> CameraWorker:
+    def new_worker(self, capture: CaptureThread, tracker: IouTracker, stop: threading.Event) -> CameraWorker:
         if self.perception is None:
             raise RuntimeError("start() loads the models before cameras")
-        return PreviewingWorker(capture, self.perception, tracker, fps, self._on_observation, stop)
+        return PreviewingWorker(capture, self.perception, tracker, self._on_observation, stop)
 
     def start_camera(self, cam_cfg: CameraConfig) -> None:
         capture_stop, worker_stop = threading.Event(), threading.Event()
         capture = CaptureThread(cam_cfg, capture_stop, self._on_camera_event)
-        worker = self.new_worker(capture, self.new_tracker(), cam_cfg.fps, worker_stop)
+        worker = self.new_worker(capture, self.new_tracker(), worker_stop)
         self.cameras = {**self.cameras, cam_cfg.name: Camera(cam_cfg, capture, worker, capture_stop, worker_stop)}
         capture.start()
         worker.start()

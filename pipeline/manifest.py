@@ -70,6 +70,15 @@ class ModelManifest(_Strict):
     outputs: list[str] = Field(description="output tensor names, in order")
     labels: list[str] = Field(default_factory=list, description="class labels in output order (emotion models)")
     label_map: dict[str, str] = Field(default_factory=dict, description="model label -> canonical emotion")
+    refused_precisions: dict[Precision, str] = Field(
+        default_factory=dict,
+        description="precisions measured to hurt this model, each with the reason; the model then runs in "
+        "`fallback_precision` instead")
+    fallback_precision: Precision = Field(default="fp16", description="used instead of a refused precision")
+
+    def effective_precision(self, precision: Precision) -> Precision:
+        """The precision this model actually runs at when `precision` is configured."""
+        return self.fallback_precision if precision in self.refused_precisions else precision
 
     def file_for(self, precision: Precision) -> Path:
         return MODELS_DIR / f"{self.name}.{precision}.onnx"

@@ -246,7 +246,12 @@ def check_prepared(manifest: ModelManifest, precision: Precision) -> Path | None
 def prepare_model(manifest: ModelManifest, precisions: Iterable[Precision], calib_dir: Path | None = None,
                   force: bool = False) -> list[Path]:
     """Produce every requested precision of one model; returns the written (or already valid) files."""
-    wanted = list(precisions)
+    wanted = [manifest.effective_precision(p) for p in precisions]
+    for asked, used in zip(precisions, wanted):
+        if asked != used:
+            log.warning("%s: %s refused (%s); preparing %s instead", manifest.name, asked,
+                        manifest.refused_precisions[asked], used)
+    wanted = list(dict.fromkeys(wanted))
     todo = [p for p in wanted if force or _needs_prepare(manifest, p)]
     if not todo:
         return [manifest.file_for(p) for p in wanted]

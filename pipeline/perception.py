@@ -27,7 +27,12 @@ RESULT_TIMEOUT_S = 10.0
 
 def load_batched_model(manifest: ModelManifest, cfg: InferenceConfig, auto_prepare: bool = True) -> BatchedModel:
     """Prepare (if needed), verify and load one model, wrapped in its dynamic batcher."""
-    path = ensure_model(manifest, cfg.precision, auto_prepare=auto_prepare)
+    precision = manifest.effective_precision(cfg.precision)
+    if precision != cfg.precision:
+        log.warning("%s: %s refused (%s); running it in %s", manifest.name, cfg.precision,
+                    manifest.refused_precisions[cfg.precision], precision)
+        cfg = cfg.model_copy(update={"precision": precision})
+    path = ensure_model(manifest, precision, auto_prepare=auto_prepare)
     backend = create_backend(cfg, manifest, path)
     log.info("%s: %s", manifest.name, ", ".join(f"{k}={v}" for k, v in backend.describe().items()))
     return BatchedModel(backend, manifest.name, cfg.max_batch, cfg.max_delay_ms, cfg.queue_size)

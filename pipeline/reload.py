@@ -220,7 +220,7 @@ class ConfigReloader:
         for cam in cams:
             tracker = daemon.new_tracker() if fresh_trackers else cam.worker.tracker
             stop = threading.Event()
-            worker = daemon.new_worker(cam.capture, tracker, cam.cfg.fps, stop)
+            worker = daemon.new_worker(cam.capture, tracker, stop)
             replaced[cam.cfg.name] = replace(cam, worker=worker, worker_stop=stop)
             worker.start()
         daemon.cameras = {**daemon.cameras, **replaced}

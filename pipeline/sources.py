@@ -40,11 +40,24 @@ class SourceEnded(Exception):
 
 
 class VideoSource(ABC):
+    """A camera or file. Reading is split like OpenCV's: `grab` waits for the next frame, `retrieve` converts it.
+
+    The capture reader grabs every frame (so a live stream is drained and the stall watch is fed) but retrieves
+    only the frames it will analyse, which saves the colour conversion of the others."""
+
     kind = "abstract"
 
     @abstractmethod
+    def grab(self, timeout: float) -> bool:
+        """Wait for the next frame; False if none arrived within `timeout` seconds."""
+
+    @abstractmethod
+    def retrieve(self) -> np.ndarray:
+        """The frame last grabbed, as BGR pixels."""
+
     def read(self, timeout: float) -> np.ndarray | None:
         """Next BGR frame; None if none arrived within `timeout` seconds."""
+        return self.retrieve() if self.grab(timeout) else None
 
     @abstractmethod
     def describe(self) -> str:
@@ -77,10 +90,15 @@ class OpenCvSource(VideoSource):
         self._cap = cap
         self._label = label
 
-    def read(self, timeout: float) -> np.ndarray | None:
-        ok, image = self._cap.read()
-        if not ok or image is None:
+    def grab(self, timeout: float) -> bool:
+        if not self._cap.grab():
             raise SourceError(f"{self._label}: read failed")
+        return True
+
+    def retrieve(self) -> np.ndarray:
+        ok, image = self._cap.retrieve()
+        if not ok or image is None:
+            raise SourceError(f"{self._label}: could not decode the frame")
         return image
 
     def describe(self) -> str:
@@ -107,19 +125,21 @@ class FileSource(OpenCvSource):
         self._pacer = _Pacer(fps if 0 < fps <= 240 else 25.0)
         self._frames = 0
 
-    def read(self, timeout: float) -> np.ndarray | None:
+    def grab(self, timeout: float) -> bool:
         self._pacer.wait()
-        ok, image = self._cap.read()
-        if ok and image is not None:
+        if self._cap.grab():
             self._frames += 1
-            return image
+            return True
         if self._frames == 0:
             raise SourceError(f"{self._label}: no frame could be decoded (corrupt or truncated file)")
         if not self._loop:
             raise SourceEnded(self._label)
         self._cap.set(cv2.CAP_PROP_POS_FRAMES, 0)
         self._frames = 0
-        return self.read(timeout)
+        if not self._cap.grab():
+            raise SourceError(f"{self._label}: cannot restart the file at its first frame")
+        self._frames = 1
+        return True
 
 
 class DemoSource(VideoSource):
@@ -134,10 +154,15 @@ class DemoSource(VideoSource):
         self._photo = _demo_photo()
         self._pacer = _Pacer(self.FPS)
         self._t0 = time.monotonic()
+        self._grabbed_at = self._t0
 
-    def read(self, timeout: float) -> np.ndarray | None:
+    def grab(self, timeout: float) -> bool:
         self._pacer.wait()
-        phase = ((time.monotonic() - self._t0) % self.PERIOD_S) / self.PERIOD_S
+        self._grabbed_at = time.monotonic()
+        return True
+
+    def retrieve(self) -> np.ndarray:
+        phase = ((self._grabbed_at - self._t0) % self.PERIOD_S) / self.PERIOD_S
         return self.frame_at(phase)
 
     def frame_at(self, phase: float) -> np.ndarray:

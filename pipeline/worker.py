@@ -32,22 +32,20 @@ class WorkerStats:
 
 
 class CameraWorker(threading.Thread):
-    """Takes the newest frame of one camera at most `fps` times a second and publishes an Observation for it."""
+    """Takes the newest frame of one camera (capture already applies the fps cap) and publishes an Observation."""
 
-    def __init__(self, capture: CaptureThread, perception: Perception, tracker: IouTracker, fps: float,
+    def __init__(self, capture: CaptureThread, perception: Perception, tracker: IouTracker,
                  publish: Callable[[Observation], None], stop: threading.Event) -> None:
         super().__init__(name=f"worker-{capture.cfg.name}", daemon=True)
         self.capture = capture
         self.perception = perception
         self.tracker = tracker
-        self.period = 1.0 / fps
         self.publish = publish
         self.stats = WorkerStats()
         self._stop_event = stop
 
     def run(self) -> None:
         last_index = 0
-        next_due = time.monotonic()
         while not self._stop_event.is_set():
             self.stats.heartbeat = time.monotonic()
             frame = self.capture.slot.take_newer(last_index, timeout=0.25)
@@ -56,9 +54,6 @@ class CameraWorker(threading.Thread):
                     break
                 continue
             last_index = frame.index
-            if frame.t_mono < next_due:
-                continue  # over the fps cap: counted as skipped by the slot (published - taken... - capped)
-            next_due = max(next_due + self.period, frame.t_mono)
             self._process(frame)
 
     def _process(self, frame: Frame) -> None:

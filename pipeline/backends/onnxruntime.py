@@ -52,7 +52,7 @@ _NEEDS = {
 
 
 class OnnxRuntimeBackend(Backend):
-    """CPU: one session shared by all lanes. CUDA: one session per lane, each on its own stream (see cuda_lane)."""
+    """CPU: one session per lane. CUDA: one stream per lane, with a session per batch bucket (see cuda_lane)."""
 
     name = "onnxruntime"
 
@@ -78,8 +78,10 @@ class OnnxRuntimeBackend(Backend):
                 raise BackendError(f"inference.device {cfg.device} needs {provider}, which this onnxruntime "
                                    f"({ort.__version__}) lacks; install {package}")
         if cfg.device != "cuda":
-            return cls([_session(ort, cfg, model, model_path, _providers(cfg.device, model.name, cfg.precision))],
-                       cfg, model_path)
+            # One session per lane: concurrent runs of one session share its intra-op thread pool, so lanes
+            # would queue on it instead of running side by side (measured with bench pipeline on 2 cores).
+            providers = _providers(cfg.device, model.name, cfg.precision)
+            return cls([_session(ort, cfg, model, model_path, providers) for _ in range(cfg.lanes)], cfg, model_path)
         from pipeline.backends.cuda_lane import CudaLane, create_stream, load_cudart
 
         cudart = load_cudart()
@@ -107,7 +109,7 @@ class OnnxRuntimeBackend(Backend):
     def run(self, batch: dict[str, np.ndarray], lane: int = 0) -> dict[str, np.ndarray]:
         if self._cuda_lanes:
             return self._cuda_lanes[lane].run(batch[self.inputs[0].name])
-        values = self._sessions[0].run(self._output_names, batch)
+        values = self._sessions[lane].run(self._output_names, batch)
         return dict(zip(self._output_names, values))
 
     def describe(self) -> dict[str, str]:
@@ -136,6 +138,9 @@ def _session(ort: Any, cfg: InferenceConfig, model: ModelManifest, model_path: P
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if cfg.threads:
         options.intra_op_num_threads = cfg.threads
+    # Idle intra-op threads would otherwise spin for a while after each run, burning the cores that capture and
+    # the other model need (measured: see BENCHMARKS.md, bench pipeline on 2 cores).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 3
     try:
         return ort.InferenceSession(str(model_path), options, providers=providers)
