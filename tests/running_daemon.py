@@ -60,7 +60,8 @@ class RunningDaemon:
         self.proc = subprocess.Popen([sys.executable, str(ROOT / "run_pipeline.py"), "run", "--config", str(config),
                                       *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                                      env=dict(os.environ, **(env or {})), bufsize=1)
-        self.events: list[dict[str, Any]] = []
+        self.stdout: list[str] = []  # every stdout line, JSON or not
+        self.arrivals: list[tuple[float, dict[str, Any]]] = []  # each JSON event with the monotonic time it was read
         self.stderr: list[str] = []
         self._threads = [threading.Thread(target=self._read_events, daemon=True),
                          threading.Thread(target=self._read_stderr, daemon=True)]
@@ -70,8 +71,15 @@ class RunningDaemon:
     def _read_events(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
+            arrived = time.monotonic()
+            self.stdout.append(line)
             if line.startswith("{"):
-                self.events.append(json.loads(line))
+                self.arrivals.append((arrived, json.loads(line)))
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        """The JSON events so far, in arrival order."""
+        return [event for _, event in list(self.arrivals)]
 
     def _read_stderr(self) -> None:
         assert self.proc.stderr is not None
@@ -79,10 +87,13 @@ class RunningDaemon:
             self.stderr.append(line)
 
     def of(self, type_: str, camera: str | None = None) -> list[dict[str, Any]]:
-        return [e for e in list(self.events) if e["type"] == type_ and (camera is None or e.get("camera") == camera)]
+        return [e for e in self.events if e["type"] == type_ and (camera is None or e.get("camera") == camera)]
 
     def stderr_text(self) -> str:
         return "".join(self.stderr)
+
+    def stdout_text(self) -> str:
+        return "".join(self.stdout)
 
     def wait_for(self, predicate: Callable[[], object], timeout: float, what: str) -> None:
         if not wait_until(lambda: predicate() or self.proc.poll() is not None, timeout) or not predicate():
@@ -96,15 +107,27 @@ class RunningDaemon:
         """SIGTERM; (exit code, seconds from the signal to the process having exited)."""
         began = time.monotonic()
         self.proc.send_signal(signal.SIGTERM)
+        code = self._exit_code(timeout, " of SIGTERM")
+        elapsed = time.monotonic() - began
+        self._drain()
+        return code, elapsed
+
+    def wait(self, timeout: float) -> int:
+        """Wait for the process to exit by itself and for both pipes to be drained; the exit status."""
+        code = self._exit_code(timeout, "")
+        self._drain()
+        return code
+
+    def _exit_code(self, timeout: float, after: str) -> int:
         try:
-            code = self.proc.wait(timeout=timeout)
+            return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            pytest.fail(f"no exit within {timeout:g} s of SIGTERM; stderr tail:\n{self.stderr_text()[-3000:]}")
-        elapsed = time.monotonic() - began
+            pytest.fail(f"no exit within {timeout:g} s{after}; stderr tail:\n{self.stderr_text()[-3000:]}")
+
+    def _drain(self) -> None:
         for thread in self._threads:
             thread.join(5)
-        return code, elapsed
 
     def kill(self) -> None:
         if self.proc.poll() is None:

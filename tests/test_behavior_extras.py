@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from pipeline.behavior import BehaviorMapper, room_scores
+from pipeline.behavior import room_scores
 from pipeline.config import BehaviorConfig, ConfigError, ToneConfig, default_rules, parse_config
 from pipeline.ssml import MSTTS_NS, SSML_NS, tone_to_ssml
 from pipeline.types import EMOTIONS, Detection, EmotionScores, FaceResult, Tone

@@ -11,17 +11,12 @@ as an operator would, `python run_pipeline.py run`, and read its JSON events fro
 from __future__ import annotations
 
 import io
-import json
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -29,7 +24,9 @@ from pipeline.capture import Backoff, CaptureThread
 from pipeline.config import CameraConfig, ReconnectConfig
 from pipeline.sources import configure_ffmpeg
 from pipeline.types import CameraEvent
-from tests.conftest import ROOT, data_path, run_cli
+from tests.conftest import run_cli
+from tests.running_daemon import RunningDaemon, daemons, wait_until  # noqa: F401  (daemons: a fixture)
+from tests.running_daemon import clip as clip_path
 from tests.servers.fixtures import (  # noqa: F401  (importing the fixtures registers them)
     StartMjpeg,
     StartRtsp,
@@ -45,7 +42,7 @@ STOP_WITHIN_S = 2.0  # a CaptureThread must end this soon after its stop event i
 @pytest.fixture
 def clip() -> Path:
     """Small H.264 clip (596x336, ~4.6 s) with a 10-frame GOP."""
-    return data_path("video", "woman_short.mp4")
+    return clip_path()
 
 
 @pytest.fixture(autouse=True)
@@ -55,17 +52,6 @@ def _ffmpeg_over_tcp() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-
-
-def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.05) -> bool:
-    """Poll `predicate` until it is truthy or `timeout` seconds pass; the last answer, as a bool."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval)
 
 
 def camera(name: str, source: str | Path, *, loop: bool = False, fps: float = 5, initial_s: float = 0.2,
@@ -163,78 +149,6 @@ def rss_mb() -> float:
     raise AssertionError("no VmRSS in /proc/self/status")
 
 
-class DaemonProcess:
-    """`run_pipeline.py run` as a subprocess; stdout and stderr read by threads, each line stamped on arrival."""
-
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "run_pipeline.py"), "run", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                                     env=dict(os.environ), bufsize=1)
-        self.stdout: list[tuple[float, str]] = []
-        self.stderr: list[str] = []
-        self._readers = [threading.Thread(target=self._pump, args=(self.proc.stdout, self.stdout, True), daemon=True),
-                         threading.Thread(target=self._pump, args=(self.proc.stderr, self.stderr, False), daemon=True)]
-        for reader in self._readers:
-            reader.start()
-
-    @staticmethod
-    def _pump(stream: io.TextIOBase, into: list[Any], stamp: bool) -> None:
-        for line in stream:
-            into.append((time.monotonic(), line) if stamp else line)
-
-    def events(self, type_: str, camera_name: str | None = None) -> list[dict[str, Any]]:
-        """JSON events of one type (and camera) so far, in arrival order."""
-        out = []
-        for _, line in list(self.stdout):
-            if line.startswith("{"):
-                event = json.loads(line)
-                if event.get("type") == type_ and (camera_name is None or event.get("camera") == camera_name):
-                    out.append(event)
-        return out
-
-    def stop(self, timeout: float = 15) -> int:
-        """SIGTERM, wait for exit and for both pipes to be drained; the exit status."""
-        self.proc.send_signal(signal.SIGTERM)
-        return self.wait(timeout)
-
-    def wait(self, timeout: float) -> int:
-        try:
-            code = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            pytest.fail(f"the daemon did not exit within {timeout:g} s; stderr tail:\n{self.stderr_text()[-3000:]}")
-        for reader in self._readers:
-            reader.join(5)
-        return code
-
-    def stderr_text(self) -> str:
-        return "".join(self.stderr)
-
-    def stdout_text(self) -> str:
-        return "".join(line for _, line in self.stdout)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
-@pytest.fixture
-def daemons() -> Iterator[Callable[..., DaemonProcess]]:
-    """Factory for DaemonProcess; any still running at teardown is killed."""
-    started: list[DaemonProcess] = []
-
-    def start(*args: str) -> DaemonProcess:
-        daemon = DaemonProcess(*args)
-        started.append(daemon)
-        return daemon
-
-    yield start
-    for daemon in started:
-        daemon.kill()
-
-
 def daemon_config(tmp_path: Path, cameras: str) -> Path:
     path = tmp_path / "config.yaml"
     path.write_text(f"cameras:\n{cameras}\n"
@@ -248,44 +162,44 @@ def daemon_config(tmp_path: Path, cameras: str) -> Path:
 
 @pytest.mark.slow
 def test_rtsp_kill_and_restart_recovers_while_file_camera_runs_on(
-        prepared_models: None, rtsp_server: StartRtsp, clip: Path, daemons: Callable[..., DaemonProcess],
+        prepared_models: None, rtsp_server: StartRtsp, clip: Path, daemons: Callable[..., RunningDaemon],
         tmp_path: Path) -> None:
     server = rtsp_server(clip)
     config = daemon_config(tmp_path, (
         f"  - {{name: rtsp, source: '{server.url}', fps: 5, reconnect: {{initial_s: 0.5, max_s: 2, stall_s: 3}}}}\n"
         f"  - {{name: file, source: '{clip}', fps: 5, loop: true}}"))
-    daemon = daemons("--config", str(config))
+    daemon = daemons(config)
 
-    assert wait_until(lambda: daemon.events("observation", "rtsp") and daemon.events("observation", "file")
+    assert wait_until(lambda: daemon.of("observation", "rtsp") and daemon.of("observation", "file")
                       or daemon.proc.poll() is not None, timeout=90), "no observations from both cameras in 90 s"
     assert daemon.proc.poll() is None, daemon.stderr_text()[-3000:]
-    before = len(daemon.events("observation", "rtsp"))
+    before = len(daemon.of("observation", "rtsp"))
 
     killed_at = time.time()
     server.kill()
-    assert wait_until(lambda: "reconnecting" in [e["state"] for e in daemon.events("camera", "rtsp")], timeout=10), \
+    assert wait_until(lambda: "reconnecting" in [e["state"] for e in daemon.of("camera", "rtsp")], timeout=10), \
         "the daemon did not notice the RTSP server died"
     time.sleep(max(0.0, killed_at + 3.0 - time.time()))
     server.restart()
     restarted_at, restarted_mono = time.time(), time.monotonic()
 
     def first_new_observation() -> float | None:
-        for arrived, line in list(daemon.stdout):
-            if line.startswith('{"type":"observation","camera":"rtsp"') and json.loads(line)["ts"] > restarted_at:
+        for arrived, event in list(daemon.arrivals):
+            if event["type"] == "observation" and event.get("camera") == "rtsp" and event["ts"] > restarted_at:
                 return arrived
         return None
 
     assert wait_until(first_new_observation, timeout=30), (
-        f"no rtsp observation within 30 s of the restart; camera events: {daemon.events('camera', 'rtsp')}")
+        f"no rtsp observation within 30 s of the restart; camera events: {daemon.of('camera', 'rtsp')}")
     recovery_s = (first_new_observation() or 0.0) - restarted_mono
     time.sleep(1.0)  # a few observations after the recovery, so the file camera's flow is seen on both sides
-    assert daemon.stop() == 0, daemon.stderr_text()[-3000:]
+    assert daemon.terminate(timeout=15)[0] == 0, daemon.stderr_text()[-3000:]
 
-    rtsp_states = [e["state"] for e in daemon.events("camera", "rtsp")]
+    rtsp_states = [e["state"] for e in daemon.of("camera", "rtsp")]
     assert collapse(rtsp_states) == ["streaming", "reconnecting", "streaming", "stopped"], rtsp_states
-    rtsp_obs = [e["ts"] for e in daemon.events("observation", "rtsp")]
+    rtsp_obs = [e["ts"] for e in daemon.of("observation", "rtsp")]
     assert before > 0 and any(ts > restarted_at for ts in rtsp_obs)
-    file_ts = [e["ts"] for e in daemon.events("observation", "file")]
+    file_ts = [e["ts"] for e in daemon.of("observation", "file")]
     during = [ts for ts in file_ts if killed_at - 1.0 <= ts <= restarted_at + recovery_s + 1.0]
     gaps = [b - a for a, b in zip(during, during[1:])]
     assert len(during) >= 10 and max(gaps) <= 2.0, f"file camera gaps during the RTSP outage: {max(gaps, default=None)}"
@@ -298,7 +212,7 @@ def test_rtsp_kill_and_restart_recovers_while_file_camera_runs_on(
 
 @pytest.mark.slow
 def test_camera_passwords_never_reach_output(prepared_models: None, rtsp_server: StartRtsp, clip: Path,
-                                             daemons: Callable[..., DaemonProcess], tmp_path: Path) -> None:
+                                             daemons: Callable[..., RunningDaemon], tmp_path: Path) -> None:
     server = rtsp_server(clip, user="viewer", password="s3cr3t-pw")
     wrong = server.url_with("viewer", "wr0ng-pw")
     config = daemon_config(tmp_path, (
@@ -306,20 +220,20 @@ def test_camera_passwords_never_reach_output(prepared_models: None, rtsp_server:
         f"  - {{name: bad, source: '{wrong}', fps: 5, reconnect: {{initial_s: 0.5, max_s: 1, stall_s: 3}}}}"))
     assert "s3cr3t-pw" in config.read_text() and "wr0ng-pw" in config.read_text()
 
-    daemon = daemons("--config", str(config), "--duration", "6", "--log-level", "debug")
+    daemon = daemons(config, args=("--duration", "6", "--log-level", "debug"))
     assert daemon.wait(timeout=120) == 0, daemon.stderr_text()[-3000:]
     stdout, stderr = daemon.stdout_text(), daemon.stderr_text()
     for secret in ("s3cr3t-pw", "wr0ng-pw"):
         assert secret not in stdout, f"{secret} on stdout"
         assert secret not in stderr, f"{secret} on stderr:\n" + "\n".join(
             line for line in stderr.splitlines() if secret in line)
-    assert daemon.events("observation", "good"), "the camera with the right password produced no observation"
-    good_states = [e["state"] for e in daemon.events("camera", "good")]
+    assert daemon.of("observation", "good"), "the camera with the right password produced no observation"
+    good_states = [e["state"] for e in daemon.of("camera", "good")]
     assert good_states[0] == "streaming", good_states
-    bad_events = daemon.events("camera", "bad")
+    bad_events = daemon.of("camera", "bad")
     assert [e["state"] for e in bad_events].count("reconnecting") >= 2, bad_events
     assert "viewer:***@" in bad_events[0]["detail"], bad_events[0]
-    assert "viewer:***@" in daemon.events("camera", "good")[0]["detail"]
+    assert "viewer:***@" in daemon.of("camera", "good")[0]["detail"]
     assert "viewer:***@" in stderr
     assert "Traceback" not in stderr
 

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT, data_path, run_cli
+from tests.running_daemon import RunningDaemon, daemons, wait_until  # noqa: F401  (daemons: a fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -71,23 +70,16 @@ def test_file_camera_that_ends_leaves_others_running(prepared_models: None, tmp_
     assert "not found" in str(retries[0]["detail"])
 
 
-def test_sigterm_stops_cleanly_with_exit_0(prepared_models: None, tmp_path: Path) -> None:
+def test_sigterm_stops_cleanly_with_exit_0(prepared_models: None, tmp_path: Path,
+                                          daemons: Callable[..., RunningDaemon]) -> None:
     video = data_path("video", "woman_short.mp4")
     config = _config(tmp_path, f"  - {{name: lobby, source: {video}, fps: 10, loop: true}}")
-    proc = subprocess.Popen([sys.executable, str(ROOT / "run_pipeline.py"), "run", "--config", str(config)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=dict(os.environ))
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 60
-    for line in proc.stdout:  # wait for the first observation: models loaded, camera running
-        if '"type":"observation"' in line or time.monotonic() > deadline:
-            break
-    proc.send_signal(signal.SIGTERM)
-    try:
-        _, stderr = proc.communicate(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail("did not exit within 15 s of SIGTERM")
-    assert proc.returncode == 0, stderr[-2000:]
+    daemon = daemons(config)
+    # wait for the first observation (models loaded, camera running), at most 60 s, or for an early exit
+    wait_until(lambda: daemon.of("observation") or daemon.proc.poll() is not None, timeout=60)
+    code, _ = daemon.terminate(timeout=15)
+    stderr = daemon.stderr_text()
+    assert code == 0, stderr[-2000:]
     assert "SIGTERM received" in stderr and "Traceback" not in stderr
 
 
