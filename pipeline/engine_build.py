@@ -1,7 +1,7 @@
 """build-engine: turn a prepared ONNX file into a TensorRT engine, cached in `engines/` with a JSON sidecar.
 
 Written against the TensorRT Python API that exists in both TensorRT 10.x and 11.x, and checked with mypy against
-tensorrt-stubs (mypy-tensorrt.ini); it could not be run on the machines it was written on (no TensorRT there).
+tensorrt-stubs (tests/mypy-tensorrt.ini); it could not be run on the machines it was written on (no TensorRT there).
 
 Precision is a property of the ONNX file (prepare-models writes fp32, fp16 and int8-QDQ variants), so the network is
 parsed *strongly typed* and no precision builder flag is set: TensorRT 11 removed `BuilderFlag.FP16/INT8`,
@@ -287,8 +287,8 @@ def make_progress_monitor(title: str) -> trt.IProgressMonitor:
                 level = logging.INFO if depth <= 1 else logging.DEBUG
                 log.log(level, "%s: %s%s (%d step%s)", title, "  " * depth, phase_name, num_steps,
                         "" if num_steps == 1 else "s")
-            except Exception:  # noqa: BLE001 - never let logging break TensorRT's build thread
-                pass
+            except Exception:  # noqa: BLE001 - an exception must not propagate into TensorRT's build thread
+                log.debug("build progress report failed", exc_info=True)
 
         def step_complete(self, phase_name: str, step: int) -> bool:
             try:
@@ -300,8 +300,8 @@ def make_progress_monitor(title: str) -> trt.IProgressMonitor:
                         self._reported[phase_name] = quarter
                 if report:
                     log.info("%s: %s %d%%", title, phase_name, min(100, quarter * 25))
-            except Exception:  # noqa: BLE001
-                pass
+            except Exception:  # noqa: BLE001 - as in phase_start
+                log.debug("build progress report failed", exc_info=True)
             return True  # False would cancel the build
 
         def phase_finish(self, phase_name: str) -> None:
@@ -312,8 +312,8 @@ def make_progress_monitor(title: str) -> trt.IProgressMonitor:
                     self._reported.pop(phase_name, None)
                 if depth == 0:
                     log.info("%s: %s done", title, phase_name)
-            except Exception:  # noqa: BLE001
-                pass
+            except Exception:  # noqa: BLE001 - as in phase_start
+                log.debug("build progress report failed", exc_info=True)
 
     return BuildProgress()
 

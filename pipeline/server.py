@@ -218,7 +218,8 @@ class StatusServer:
 
     async def _send_previews(self, ws: web.WebSocketResponse, wanted: set[str]) -> None:
         previews, closing = self._daemon.previews, self._closing
-        assert closing is not None
+        if closing is None:  # the server is not running (start() sets it)
+            return
         shown: dict[str, tuple[int, int]] = {}
         try:
             while not ws.closed and not closing.is_set() and previews.fps > 0:

@@ -304,7 +304,7 @@ def _mypy_available() -> str | None:
 
 def run_mypy(*files: str, stub_dir: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, MYPYPATH=str(stub_dir))
-    return subprocess.run([sys.executable, "-m", "mypy", "--config-file", "mypy-tensorrt.ini", "--no-incremental",
+    return subprocess.run([sys.executable, "-m", "mypy", "--config-file", "tests/mypy-tensorrt.ini", "--no-incremental",
                            *files], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600, check=False)
 
 
