@@ -24,7 +24,7 @@ import numpy as np
 from pipeline.config import AppConfig
 from pipeline.events import face_json
 from pipeline.perception import Perception
-from pipeline.types import EMOTIONS, FaceResult
+from pipeline.types import EMOTIONS, Detection, FaceResult
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +161,6 @@ class Analyzer:
             scores = classifier.classify([classifier.crop_from_still(image)])[0]
             self.summary.stage_ms["emotion"] += (time.monotonic() - t0) * 1e3
             height, width = image.shape[:2]
-            from pipeline.types import Detection
-
             box = Detection((0.0, 0.0, float(width), float(height)), 1.0, np.zeros((5, 2), np.float32))
             return [FaceResult(box, scores)]
         faces, scores, timings = self.perception.analyze(image)

@@ -117,6 +117,10 @@ class BatchedModel:
         if errors:
             raise errors[0]
 
+    def is_alive(self) -> bool:
+        """True while the collector and every lane's runner thread are running (for health checks)."""
+        return self._collector.is_alive() and all(runner.is_alive() for runner in self._runners)
+
     def infer(self, item: np.ndarray, timeout: float = 10.0) -> dict[str, np.ndarray]:
         """submit() and wait: the plain sequential call a camera worker makes."""
         return self.submit(item).result(timeout=timeout)

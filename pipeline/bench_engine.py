@@ -35,17 +35,22 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, default=None)
 
 
+def video_frames(video: Path, count: int) -> list[np.ndarray]:
+    """Up to the first `count` BGR frames of a video (fewer if it is shorter or unreadable)."""
+    frames: list[np.ndarray] = []
+    cap = cv2.VideoCapture(str(video))
+    while len(frames) < count:
+        ok, frame = cap.read()
+        if not ok:
+            break
+        frames.append(frame)
+    cap.release()
+    return frames
+
+
 def _pixels(video: Path | None, count: int) -> list[np.ndarray]:
     """`count` real BGR frames (cycled) from a video, or from the demo photo when no video is given."""
-    frames: list[np.ndarray] = []
-    if video is not None:
-        cap = cv2.VideoCapture(str(video))
-        while len(frames) < count:
-            ok, frame = cap.read()
-            if not ok:
-                break
-            frames.append(frame)
-        cap.release()
+    frames = video_frames(video, count) if video is not None else []
     if not frames:
         from pipeline.sources import DemoSource
 

@@ -85,13 +85,13 @@ class Camera:
         now = time.monotonic()
         capture, analysed = self.capture, self.worker.stats.analysed
         age = None if capture.last_frame_mono is None else now - capture.last_frame_mono
-        fps_analysed = analysed.rate(now)
+        fps_analysed, fps_in = analysed.rate(now), capture.frames_in.rate(now)
         reconnects, stalls = capture.reconnects.count(now), capture.stalls.count(now)
         quality = connection_quality(capture.state, age, self.cfg.reconnect.stall_s, fps_analysed,
-                                     min(self.cfg.fps, capture.frames_in.rate(now) or self.cfg.fps), reconnects, stalls)
+                                     min(self.cfg.fps, fps_in or self.cfg.fps), reconnects, stalls)
         return CameraHealth(
             name=self.cfg.name, state=capture.state, source=mask_secrets(str(self.cfg.source)),
-            fps_in=capture.frames_in.rate(now), fps_analysed=fps_analysed, frames_in=capture.frames_in.total,
+            fps_in=fps_in, fps_analysed=fps_analysed, frames_in=capture.frames_in.total,
             frames_analysed=analysed.total, frames_skipped=max(0, capture.frames_in.total - analysed.total),
             reconnects_1h=reconnects, stalls_1h=stalls, reconnects_total=capture.reconnects.total,
             last_frame_age_s=age, faces=self.worker.stats.faces, quality=quality)

@@ -1,7 +1,7 @@
 """Video sources, one class per kind, chosen from the camera's `source` string.
 
-`read(timeout)` returns a BGR frame, None when no frame arrived within `timeout` (a stall), raises SourceEnded at the
-end of a non-looping file and SourceError when the source broke. Files and the demo clip are paced at their native
+`grab(timeout)` waits for the next frame (False when none arrived within `timeout`: a stall) and `retrieve()` converts
+it to BGR; SourceEnded marks the end of a non-looping file and SourceError a broken source. Files and the demo clip are paced at their native
 frame rate so they behave like live cameras.
 """
 
@@ -54,10 +54,6 @@ class VideoSource(ABC):
     @abstractmethod
     def retrieve(self) -> np.ndarray:
         """The frame last grabbed, as BGR pixels."""
-
-    def read(self, timeout: float) -> np.ndarray | None:
-        """Next BGR frame; None if none arrived within `timeout` seconds."""
-        return self.retrieve() if self.grab(timeout) else None
 
     @abstractmethod
     def describe(self) -> str:

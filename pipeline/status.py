@@ -78,8 +78,7 @@ def stage_problems(daemon: Daemon, now: float | None = None) -> dict[str, str]:
     perception = daemon.perception
     if perception is not None:
         for model in (perception.detector.model, perception.classifier.model):
-            threads = [getattr(model, "_collector", None), *getattr(model, "_runners", [])]
-            if not all(_alive(t) for t in threads if t is not None):
+            if not model.is_alive():
                 problems[f"batcher-{model.name}"] = "a batching thread ended"
     if daemon.started:
         if not _alive(daemon.mapper_thread):
@@ -87,7 +86,7 @@ def stage_problems(daemon: Daemon, now: float | None = None) -> dict[str, str]:
         elif now - daemon.mapper_heartbeat > MAPPER_STALE_S:
             problems["behavior"] = f"no heartbeat for {now - daemon.mapper_heartbeat:.0f} s"
         for label, sink in daemon.sink_labels():
-            if not _alive(getattr(sink, "_thread", None)):
+            if not sink.is_alive():
                 problems[f"output-{label}"] = "thread ended"
     if daemon.server is not None and not daemon.server.is_alive():
         problems["server"] = "thread ended"
@@ -167,7 +166,7 @@ def status_document(daemon: Daemon) -> dict[str, Any]:
         models["detector"]["input_size"] = list(cfg.detector.input_size)
         models["emotion"] = _model_status(daemon.perception.classifier.model, cfg.inference)
     sinks = [{"output": label, "type": sink.type_name, "sent": sink.sent, "dropped": sink.dropped,
-              "failed": sink.failed, "alive": _alive(getattr(sink, "_thread", None))}
+              "failed": sink.failed, "alive": sink.is_alive()}
              for label, sink in daemon.sink_labels()]
     health = check_health(daemon)
     return {

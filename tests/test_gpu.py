@@ -12,6 +12,7 @@ import pytest
 
 from pipeline.backends.base import create_backend
 from pipeline.batching import BatchedModel
+from pipeline.bench_engine import video_frames
 from pipeline.config import InferenceConfig
 from pipeline.detect import letterbox
 from pipeline.manifest import load_manifest
@@ -22,18 +23,6 @@ ort = pytest.importorskip("onnxruntime")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(),
                                  reason="needs onnxruntime-gpu with a CUDA device")]
-
-
-def _frames(count: int) -> list[np.ndarray]:
-    cap = cv2.VideoCapture(str(data_path("video", "woman2.mp4")))
-    frames = []
-    while len(frames) < count:
-        ok, frame = cap.read()
-        if not ok:
-            break
-        frames.append(frame)
-    cap.release()
-    return frames
 
 
 def _items(name: str, frames: list[np.ndarray]) -> list[np.ndarray]:
@@ -57,7 +46,7 @@ def test_cuda_lanes_match_cpu(prepared_models: None, name: str, precision: str) 
     cpu = create_backend(InferenceConfig(device="cpu", precision=precision, max_batch=16), manifest, path)
     gpu = create_backend(InferenceConfig(device="cuda", precision=precision, max_batch=16, lanes=2), manifest, path)
     model = BatchedModel(gpu, name, max_batch=16, max_delay_ms=2.0)
-    items = _items(name, _frames(48))
+    items = _items(name, video_frames(data_path("video", "woman2.mp4"), 48))
     results: dict[int, dict[str, np.ndarray]] = {}
 
     def submit(offset: int) -> None:  # three threads, so batches of several sizes land on both lanes

@@ -35,6 +35,10 @@ class Sink(ABC):
         self.open()
         self._thread.start()
 
+    def is_alive(self) -> bool:
+        """True while the sink's delivery thread runs (for health checks)."""
+        return self._thread.is_alive()
+
     def offer(self, event: Event) -> None:
         """Queue an event if this sink wants its type; drop and count it when the queue is full."""
         if event["type"] not in self.events:
