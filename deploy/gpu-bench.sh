@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU measurements of BENCHMARKS.md, run on the lent H200 (see ../shared/tools/gpu-machine.md for getting
 # onnxruntime-gpu there). Usage there, from the project root, with the prepared models/ and a copy of the test
-# videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | engine | pipeline)
+# videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | engine | pipeline | profile)
+# pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
+# profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
 set -uo pipefail
 export PYTHONPATH="$HOME/site:$PWD" PYTHONUNBUFFERED=1 EMOTION_TEST_DATA="$PWD/.benchdata"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" .benchdata/video
@@ -12,6 +14,9 @@ case "${1:-check}" in
     nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv | tee "$OUT/gpu.txt"
     python3 -c "import onnxruntime as o; print(o.__version__, o.get_available_providers())" | tee -a "$OUT/gpu.txt"
     python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/test_gpu.txt" | tail -15
+    ;;
+  probe)
+    python3 deploy/ort_cuda_probe.py models/retinaface_mnet025.fp16.onnx | tee "$OUT/probe.jsonl"
     ;;
   engine)
     python3 run_pipeline.py bench engine --model emotion --device cuda --precision fp32,fp16,int8 \
@@ -24,7 +29,14 @@ case "${1:-check}" in
     for cams in ${CAMS:-64}; do
       python3 run_pipeline.py bench pipeline --video "$video" --cameras "$cams" --fps 30 --device cuda \
         --precision "${PRECISION:-fp16}" --detector-input 640x352 --max-batch 64 --lanes 2 --duration "${DURATION:-15}" \
-        --mode "${MODE:-both}" --log-level warning --json "$OUT/pipeline_${cams}.json"
+        --mode "${MODE:-both}" --log-level warning --json "$OUT/pipeline_${cams}${TAG:-}.json" ${EXTRA:-}
     done
+    ;;
+  profile)
+    cams=${CAMS:-64}
+    "$HOME/tools/bin/py-spy" record --gil --nonblocking --rate 50 --format raw --output "$OUT/gil_${cams}${TAG:-}.txt" \
+      -- python3 run_pipeline.py bench pipeline --video "$video" --cameras "$cams" --fps 30 --device cuda \
+      --precision "${PRECISION:-fp16}" --detector-input 640x352 --max-batch 64 --lanes 2 --duration "${DURATION:-10}" \
+      --mode batched --log-level warning --json "$OUT/profile_${cams}${TAG:-}.json" ${EXTRA:-}
     ;;
 esac

@@ -12,6 +12,7 @@ import argparse
 import os
 import resource
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -42,6 +43,8 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-delay-ms", type=float, default=4.0)
     parser.add_argument("--lanes", type=int, default=1)
     parser.add_argument("--config", type=Path, default=Path(__file__).resolve().parent.parent / "config/default.yaml")
+    parser.add_argument("--switch-interval-ms", type=float, default=None,
+                        help="Python's GIL switch interval for this run (default 5 ms), to measure GIL contention")
     parser.add_argument("--json", type=Path, default=None)
 
 
@@ -63,6 +66,7 @@ class _Recorder:
 
     def __init__(self) -> None:
         self.latencies_ms: list[float] = []
+        self.stage_ms: dict[str, list[float]] = {}
         self.faces = 0
         self.recording = False
         self._lock = threading.Lock()
@@ -74,6 +78,10 @@ class _Recorder:
         with self._lock:
             self.latencies_ms.append(latency)
             self.faces += len(obs.faces)
+            for stage, ms in obs.latency_ms.items():
+                self.stage_ms.setdefault(stage, []).append(ms)
+            # What the stages do not cover: the frame waiting for its worker, tracking, the hand-off.
+            self.stage_ms.setdefault("other", []).append(latency - sum(obs.latency_ms.values()))
 
 
 def _gpu_memory_mb() -> float | None:
@@ -154,15 +162,20 @@ def _summary(args: argparse.Namespace, naive: bool, wall: float, frames_in: int,
         "skipped_pct_of_wanted": round(100 * max(0.0, 1 - (analysed / wall / args.cameras) / wanted), 1),
         "latency_ms": {k: round(float(v), 1) for k, v in zip(("p50", "p95", "p99"), np.percentile(lat, [50, 95, 99]))},
         "faces_per_frame": round(recorder.faces / max(len(recorder.latencies_ms), 1), 2),
+        "stage_ms": {stage: {k: round(float(v), 2) for k, v in zip(("p50", "p99"), np.percentile(times, [50, 99]))}
+                     for stage, times in recorder.stage_ms.items()},
         "cpu_percent": round(100 * cpu_s / wall, 1), "rss_mb": round(rss_mb, 1), "peak_rss_mb": round(peak_mb, 1),
         "gpu_mb": gpu_mb, "batching": batch_stats,
     }
 
 
 def bench_pipeline(args: argparse.Namespace) -> dict[str, Any]:
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1000.0)
     modes = ["batched", "naive"] if args.mode == "both" else [args.mode]
     results = [run_mode(args, naive=(mode == "naive")) for mode in modes]
     out: dict[str, Any] = {"mode": "pipeline", "video": str(args.video), "device": args.device,
+                           "switch_interval_ms": sys.getswitchinterval() * 1000,
                            "precision": args.precision, "detector_input": args.detector_input, "results": results}
     if len(results) == 2 and results[1]["analysed_per_s"]:
         out["ratio_analysed_batched_over_naive"] = round(results[0]["analysed_per_s"] / results[1]["analysed_per_s"], 2)

@@ -70,20 +70,21 @@ def anchor_grid(size: tuple[int, int]) -> np.ndarray:
 
 
 def decode(outputs: dict[str, np.ndarray], input_size: tuple[int, int], box: Letterbox, score_threshold: float,
-           nms_threshold: float, top_k: int = 750) -> list[Detection]:
-    """Turn one image's raw outputs (loc A x 4, conf A x 2, landmarks A x 10) into detections in frame pixels."""
-    anchors = anchor_grid(input_size)
-    scores = outputs["conf"][:, 1]
+           nms_threshold: float) -> list[Detection]:
+    """Turn one image's candidates into detections in frame pixels.
+
+    The prepared graph already kept the best anchors, best first (see graph_edit.add_top_candidates): `top_score`
+    K, `top_anchor` K (index into the anchor grid), `top_loc` K x 4 and `top_landmarks` K x 10."""
+    scores = outputs["top_score"]
     keep = np.flatnonzero(scores > score_threshold)
     if keep.size == 0:
         return []
-    keep = keep[np.argsort(-scores[keep])[:top_k]]
-    anc = anchors[keep]
-    loc = outputs["loc"][keep]
+    anc = anchor_grid(input_size)[outputs["top_anchor"][keep]]
+    loc = outputs["top_loc"][keep]
     centers = anc[:, :2] + loc[:, :2] * CENTER_VARIANCE * anc[:, 2:]
     sizes = anc[:, 2:] * np.exp(loc[:, 2:] * SIZE_VARIANCE)
     boxes = np.hstack([centers - sizes / 2, centers + sizes / 2])
-    points = outputs["landmarks"][keep].reshape(-1, 5, 2)
+    points = outputs["top_landmarks"][keep].reshape(-1, 5, 2)
     points = anc[:, None, :2] + points * CENTER_VARIANCE * anc[:, None, 2:]
     selected = _nms(boxes, scores[keep], score_threshold, nms_threshold)
     return [_to_frame(boxes[i], float(scores[keep][i]), points[i], box) for i in selected]

@@ -7,6 +7,8 @@ baked into the graph by prepare-models (so it also runs on the GPU when the mode
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Literal
 
@@ -18,6 +20,8 @@ from pipeline.types import EMOTIONS
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 
 Precision = Literal["fp32", "fp16", "int8"]
+# Raised whenever prepare-models changes what it writes for the same manifest (2: detector top candidates).
+RECIPE_VERSION = 2
 
 
 class _Strict(BaseModel):
@@ -58,6 +62,18 @@ class InputSpec(_Strict):
     size: tuple[int, int] | None = Field(default=None, description="fixed width, height; None = set by config")
 
 
+class TopCandidatesSpec(_Strict):
+    """Keep only a detector's K best anchors inside the graph (TopK + gather), so few bytes leave the device."""
+
+    score_output: str = Field(description="output holding per-anchor class scores [N, anchors, classes]")
+    score_channel: int = Field(ge=0, description="class channel of `score_output` that is the face score")
+    k: int = Field(gt=0, le=3840, description="candidates kept per image, best first (TensorRT's TopK allows "
+                                              "at most 3840); more than the faces a frame can hold, times the "
+                                              "anchors that fire per face")
+    gather: list[str] = Field(description="per-anchor outputs [N, anchors, C] to keep for the chosen anchors; "
+                                          "each becomes output `top_<name>`")
+
+
 class ModelManifest(_Strict):
     """One model: identity, origin, input contract, outputs and labels."""
 
@@ -75,6 +91,22 @@ class ModelManifest(_Strict):
         description="precisions measured to hurt this model, each with the reason; the model then runs in "
         "`fallback_precision` instead")
     fallback_precision: Precision = Field(default="fp16", description="used instead of a refused precision")
+    top_candidates: TopCandidatesSpec | None = Field(
+        default=None, description="detectors: keep only the best anchors in the graph (see graph_edit.py)")
+
+    @property
+    def prepared_outputs(self) -> list[str]:
+        """Output names of the prepared file (the original `outputs` unless top_candidates rewrote them)."""
+        if self.top_candidates is None:
+            return list(self.outputs)
+        return ["top_score", "top_anchor", *(f"top_{name}" for name in self.top_candidates.gather)]
+
+    def recipe(self) -> str:
+        """Fingerprint of everything prepare-models derives a file from: a prepared file made with another recipe
+        (an older release, an edited manifest) is made again instead of being trusted."""
+        fields = self.model_dump(include={"source", "raw_input", "input", "top_candidates"}, mode="json")
+        text = json.dumps({"version": RECIPE_VERSION, **fields}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def effective_precision(self, precision: Precision) -> Precision:
         """The precision this model actually runs at when `precision` is configured."""

@@ -21,14 +21,19 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.manifest import MODELS_DIR, ModelManifest, Precision, RawInputSpec
+from pipeline.graph_edit import (
+    PREPARED_INPUT,
+    PREPROCESSING_NODES,
+    GraphEditError,
+    add_top_candidates,
+    add_uint8_preprocessing,
+    candidate_node_names,
+)
+from pipeline.manifest import MODELS_DIR, ModelManifest, Precision
 
 log = logging.getLogger(__name__)
 
-PREPARED_INPUT = "image"
-PREPROCESSING_NODES = ("pre_cast", "pre_mul", "pre_add", "pre_transpose")
 CACHE_DIR = MODELS_DIR / "cache"
 
 
@@ -122,46 +127,10 @@ def obtain_raw_model(manifest: ModelManifest) -> onnx.ModelProto:
         return onnx.load(str(onnx_path))
 
 
-# ---------------------------------------------------------------- preprocessing baked into the graph
-
-
-def add_uint8_preprocessing(model: onnx.ModelProto, raw: RawInputSpec, channels: int,
-                            size: tuple[int, int] | None) -> onnx.ModelProto:
-    """Make the graph take uint8 NHWC pixels: Cast → x*(scale/std) + (-mean/std) → Transpose (if NCHW).
-
-    Doing this inside the graph means 4x fewer bytes cross to an accelerator and no per-frame float work in Python.
-    """
-    graph = model.graph
-    scale = np.asarray([raw.scale / s for s in raw.std], dtype=np.float32)
-    shift = np.asarray([-m / s for m, s in zip(raw.mean, raw.std)], dtype=np.float32)
-    if scale.size not in (1, channels):
-        raise ModelError(f"manifest mean/std have {scale.size} values for a {channels}-channel input")
-    width, height = size if size else ("width", "height")
-    new_input = helper.make_tensor_value_info(PREPARED_INPUT, TensorProto.UINT8, ["batch", height, width, channels])
-    pre_nodes = [
-        helper.make_node("Cast", [PREPARED_INPUT], ["pre_float"], to=TensorProto.FLOAT, name="pre_cast"),
-        helper.make_node("Mul", ["pre_float", "pre_scale"], ["pre_scaled"], name="pre_mul"),
-        helper.make_node("Add", ["pre_scaled", "pre_shift"], ["pre_norm"], name="pre_add"),
-    ]
-    last = "pre_norm"
-    if raw.layout == "NCHW":
-        pre_nodes.append(helper.make_node("Transpose", [last], ["pre_nchw"], perm=[0, 3, 1, 2], name="pre_transpose"))
-        last = "pre_nchw"
-    for node in graph.node:  # rewire the old input to the end of the preprocessing chain
-        node.input[:] = [last if name == raw.name else name for name in node.input]
-    old_inputs = [i for i in graph.input if i.name != raw.name]
-    del graph.input[:]
-    graph.input.extend([new_input, *old_inputs])
-    graph.initializer.extend([numpy_helper.from_array(scale, "pre_scale"), numpy_helper.from_array(shift, "pre_shift")])
-    nodes = list(graph.node)
-    del graph.node[:]
-    graph.node.extend(pre_nodes + nodes)
-    onnx.checker.check_model(model)
-    return model
-
-
-def make_precision_variant(model: onnx.ModelProto, precision: Precision) -> onnx.ModelProto:
-    """fp32 as is; fp16 with weights and activations cast and fp32 I/O kept. int8 needs calibration: see quantize."""
+def make_precision_variant(model: onnx.ModelProto, precision: Precision,
+                           keep_fp32: Iterable[str] = ()) -> onnx.ModelProto:
+    """fp32 as is; fp16 with weights and activations cast and fp32 I/O kept, the preprocessing nodes and the nodes
+    named in `keep_fp32` left in fp32. int8 needs calibration: see quantize."""
     if precision == "fp32":
         return model
     if precision == "fp16":
@@ -172,7 +141,7 @@ def make_precision_variant(model: onnx.ModelProto, precision: Precision) -> onnx
             # Resize takes its scales in fp32 whatever the data type, so it stays in fp32 (with casts around it).
             blocked = [*float16.DEFAULT_OP_BLOCK_LIST, "Resize"]
             return float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=blocked,
-                                                    node_block_list=list(PREPROCESSING_NODES))
+                                                    node_block_list=[*PREPROCESSING_NODES, *keep_fp32])
     raise ModelError("int8 variants are produced by quantize_int8(), which needs calibration images")
 
 
@@ -197,7 +166,10 @@ def verify_model(manifest: ModelManifest, path: Path, reference: Path | None = N
         outputs = session.run(None, {PREPARED_INPUT: sample})
     except Exception as exc:  # noqa: BLE001 - ORT raises several unrelated types for a bad file
         raise ModelError(f"{manifest.name}: {path.name} does not run in ONNX Runtime: {exc}") from exc
-    for name, value in zip(manifest.outputs, outputs):
+    names = [o.name for o in session.get_outputs()]
+    if names != manifest.prepared_outputs:
+        raise ModelError(f"{manifest.name}: {path.name} has outputs {names}, expected {manifest.prepared_outputs}")
+    for name, value in zip(names, outputs):
         if not np.all(np.isfinite(value)):
             raise ModelError(f"{manifest.name}: {path.name} output {name} is not finite on a test input")
     checked = {"batch": 4.0}
@@ -216,6 +188,7 @@ def write_sidecar(manifest: ModelManifest, precision: Precision, path: Path, che
         "file": path.name,
         "sha256": sha256_of(path),
         "source_sha256": manifest.source.sha256,
+        "recipe": manifest.recipe(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "onnx": onnx.__version__,
         "onnxruntime": ort.__version__,
@@ -225,7 +198,8 @@ def write_sidecar(manifest: ModelManifest, precision: Precision, path: Path, che
 
 
 def check_prepared(manifest: ModelManifest, precision: Precision) -> Path | None:
-    """The prepared file if it exists and matches its sidecar; None if it was never prepared.
+    """The prepared file if it exists and matches its sidecar; None if it was never prepared (or with another
+    recipe: see ModelManifest.recipe).
 
     Raises ModelError for a file that exists but is corrupt or foreign."""
     path, sidecar = manifest.file_for(precision), manifest.sidecar_for(precision)
@@ -240,6 +214,9 @@ def check_prepared(manifest: ModelManifest, precision: Precision) -> Path | None
         raise ModelError(f"{path} is corrupt or was modified (sha256 differs from {sidecar.name}); {fix}")
     if info.get("source_sha256") != manifest.source.sha256:
         raise ModelError(f"{path} was prepared from other weights than models/{manifest.name}.yaml names; {fix}")
+    if info.get("recipe") != manifest.recipe():
+        log.info("%s was prepared by an older prepare-models or from an edited manifest", path.name)
+        return None
     return path
 
 
@@ -261,7 +238,12 @@ def prepare_model(manifest: ModelManifest, precisions: Iterable[Precision], cali
     if "fp32" in todo or _needs_prepare(manifest, "fp32"):  # every variant is derived from the fp32 file
         base = obtain_raw_model(manifest)
         channels = 1 if manifest.input.color == "gray" else 3
-        base = add_uint8_preprocessing(base, manifest.raw_input, channels, manifest.input.size)
+        try:
+            base = add_uint8_preprocessing(base, manifest.raw_input, channels, manifest.input.size)
+            if manifest.top_candidates is not None:
+                base = add_top_candidates(base, manifest.top_candidates)
+        except GraphEditError as exc:
+            raise ModelError(f"{manifest.name}: models/{manifest.name}.yaml does not fit the network: {exc}") from exc
         _save_verified(manifest, "fp32", base, None)
     for precision in todo:
         if precision == "fp32":
@@ -273,7 +255,9 @@ def prepare_model(manifest: ModelManifest, precisions: Iterable[Precision], cali
             quantize_int8(manifest, fp32_path, written, calib_dir)
             _record(manifest, "int8", written, fp32_path)
         else:
-            _save_verified(manifest, precision, make_precision_variant(onnx.load(str(fp32_path)), precision), fp32_path)
+            variant = make_precision_variant(onnx.load(str(fp32_path)), precision,
+                                             candidate_node_names(manifest.top_candidates))
+            _save_verified(manifest, precision, variant, fp32_path)
     return [manifest.file_for(p) for p in wanted]
 
 

@@ -14,9 +14,10 @@ from pipeline.backends.base import create_backend
 from pipeline.batching import BatchedModel
 from pipeline.bench_engine import video_frames
 from pipeline.config import InferenceConfig
-from pipeline.detect import letterbox
+from pipeline.detect import Letterbox, decode, letterbox
 from pipeline.manifest import load_manifest
 from pipeline.models import ensure_model
+from pipeline.types import Detection
 from tests.conftest import data_path
 
 ort = pytest.importorskip("onnxruntime")
@@ -25,22 +26,38 @@ pytestmark = [pytest.mark.gpu,
                                  reason="needs onnxruntime-gpu with a CUDA device")]
 
 
+DETECTOR_INPUT = (640, 352)
+
+
 def _items(name: str, frames: list[np.ndarray]) -> list[np.ndarray]:
     if name == "retinaface_mnet025":
-        return [letterbox(f, (640, 352))[0] for f in frames]
+        return [letterbox(f, DETECTOR_INPUT)[0] for f in frames]
     return [cv2.resize(cv2.cvtColor(f, cv2.COLOR_BGR2GRAY)[40:300, 160:420], (64, 64))[:, :, None] for f in frames]
 
 
-# cuDNN runs fp32 convolutions in TF32 on Hopper, so raw regression outputs differ by ~1e-2 from the CPU's fp32;
-# the emotion probabilities stay within 2e-3.
-TOLERANCE = {("retinaface_mnet025", "fp32"): 0.05, ("retinaface_mnet025", "fp16"): 0.3,
-             ("mini_xception_fer2013", "fp32"): 2e-3, ("mini_xception_fer2013", "fp16"): 5e-2}
+# Emotion probabilities: cuDNN runs fp32 convolutions in TF32 on Hopper, so they stay within 2e-3 of the CPU's.
+TOLERANCE = {"fp32": 2e-3, "fp16": 5e-2}
+# Detections (decoded from the top candidates): pixels of the 640x352 input.
+BOX_TOLERANCE_PX = {"fp32": 1.0, "fp16": 2.0}
+
+
+def _faces(outputs: dict[str, np.ndarray]) -> list[Detection]:
+    fit = Letterbox(1.0, DETECTOR_INPUT)
+    return decode(outputs, DETECTOR_INPUT, fit, score_threshold=0.8, nms_threshold=0.4)
+
+
+def _assert_same_faces(got: dict[str, np.ndarray], want: dict[str, np.ndarray], precision: str) -> None:
+    """Raw candidates may swap places on near-equal scores, so the decoded faces are compared."""
+    ours, theirs = _faces(got), _faces(want)
+    assert len(ours) == len(theirs)
+    for a, b in zip(sorted(ours, key=lambda f: f.box), sorted(theirs, key=lambda f: f.box)):
+        assert np.abs(np.subtract(a.box, b.box)).max() <= BOX_TOLERANCE_PX[precision]
+        assert np.abs(a.landmarks - b.landmarks).max() <= BOX_TOLERANCE_PX[precision]
 
 
 @pytest.mark.parametrize("name", ["retinaface_mnet025", "mini_xception_fer2013"])
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_cuda_lanes_match_cpu(prepared_models: None, name: str, precision: str) -> None:
-    atol = TOLERANCE[(name, precision)]
     manifest = load_manifest(name)
     path = ensure_model(manifest, precision)  # type: ignore[arg-type]
     cpu = create_backend(InferenceConfig(device="cpu", precision=precision, max_batch=16), manifest, path)
@@ -62,7 +79,14 @@ def test_cuda_lanes_match_cpu(prepared_models: None, name: str, precision: str) 
     expected = cpu.run({"image": np.stack(items)})
     cpu.close()
     assert len(results) == len(items)
+    if name == "retinaface_mnet025":
+        faces = 0
+        for i in range(len(items)):
+            _assert_same_faces(results[i], {k: v[i] for k, v in expected.items()}, precision)
+            faces += len(_faces(results[i]))
+        assert faces >= len(items) // 2  # the clip shows a face in most frames: the comparison is not vacuous
+        return
     for output, reference in expected.items():
         got = np.stack([results[i][output] for i in range(len(items))])
         assert np.isfinite(got).all()
-        assert np.abs(got - reference).max() <= atol, f"{output}: {np.abs(got - reference).max()}"
+        assert np.abs(got - reference).max() <= TOLERANCE[precision], f"{output}: {np.abs(got - reference).max()}"

@@ -26,10 +26,42 @@ def test_prepared_model_takes_uint8_nhwc(prepared_models: None, name: str, shape
     assert graph_input.type.tensor_type.elem_type == onnx.TensorProto.UINT8
     dims = [d.dim_value or d.dim_param for d in graph_input.type.tensor_type.shape.dim]
     assert dims == shape
-    assert [o.name for o in model.graph.output] == manifest.outputs
+    assert [o.name for o in model.graph.output] == manifest.prepared_outputs
     sidecar = json.loads(manifest.sidecar_for("fp32").read_text())
     assert sidecar["sha256"] == sha256_of(manifest.file_for("fp32"))
     assert sidecar["source_sha256"] == manifest.source.sha256
+
+
+@pytest.mark.parametrize("size", [(640, 352), (64, 64)])
+def test_detector_keeps_its_best_anchors_in_the_graph(prepared_models: None, size: tuple[int, int]) -> None:
+    """The prepared detector's top candidates are exactly the raw network's best anchors, with their boxes and
+    landmarks; an input with fewer anchors than k (64x64: 168) returns them all."""
+    import onnxruntime as ort
+
+    from pipeline.bench_engine import video_frames
+    from pipeline.detect import letterbox
+    from pipeline.graph_edit import add_uint8_preprocessing
+    from tests.conftest import data_path
+
+    manifest = load_manifest("retinaface_mnet025")
+    raw = add_uint8_preprocessing(models_module.obtain_raw_model(manifest), manifest.raw_input, 3, None)
+    frames = video_frames(data_path("video", "woman2.mp4"), 2)
+    batch = np.stack([letterbox(frame, size)[0] for frame in frames])
+    raw_out = dict(zip(manifest.outputs, _cpu_run(ort, raw.SerializeToString(), batch)))
+    top = dict(zip(manifest.prepared_outputs, _cpu_run(ort, str(manifest.file_for("fp32")), batch)))
+    anchors = raw_out["conf"].shape[1]
+    assert top["top_score"].shape == (2, min(300, anchors))
+    for i in range(2):
+        order = top["top_anchor"][i]
+        np.testing.assert_allclose(top["top_score"][i], np.sort(raw_out["conf"][i, :, 1])[::-1][:len(order)],
+                                   atol=1e-6)
+        np.testing.assert_allclose(top["top_loc"][i], raw_out["loc"][i, order], atol=1e-6)
+        np.testing.assert_allclose(top["top_landmarks"][i], raw_out["landmarks"][i, order], atol=1e-6)
+
+
+def _cpu_run(ort: object, model: str | bytes, batch: np.ndarray) -> list[np.ndarray]:
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])  # type: ignore[attr-defined]
+    return session.run(None, {"image": batch})  # type: ignore[no-any-return]
 
 
 def test_fp16_variant_is_verified_and_agrees(prepared_models: None, tmp_path: Path,

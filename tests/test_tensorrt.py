@@ -464,8 +464,8 @@ def test_detector_engine_is_built_for_the_configured_size(gpu: object, engines: 
     try:
         batch = np.random.default_rng(0).integers(0, 256, size=(2, 192, 320, 3), dtype=np.uint8)
         got = backend.run({"image": batch})
-        want = dict(zip(manifest.outputs, _reference(path, batch)))
-        for name in manifest.outputs:
+        want = dict(zip(manifest.prepared_outputs, _reference(path, batch)))
+        for name in manifest.prepared_outputs:
             assert got[name].shape == want[name].shape
             np.testing.assert_allclose(got[name], want[name], atol=1e-2)
         with pytest.raises(BackendError, match="shape"):

@@ -89,9 +89,13 @@ class OnnxRuntimeBackend(Backend):
         probe = _session(ort, cfg, model, model_path, ["CPUExecutionProvider"])
         input_name, outputs = probe.get_inputs()[0].name, [o.name for o in probe.get_outputs()]
 
+        # The CUDA provider barely uses CPU threads; the library default (one per core) per session would add
+        # hundreds of idle threads across lanes and buckets.
+        cuda_cfg = cfg.model_copy(update={"threads": cfg.threads or 1})
+
         def cuda_session(stream: int) -> Any:
             options = {"user_compute_stream": str(stream), "cudnn_conv_algo_search": "HEURISTIC"}
-            return _session(ort, cfg, model, model_path, [("CUDAExecutionProvider", options)])
+            return _session(ort, cuda_cfg, model, model_path, [("CUDAExecutionProvider", options)])
 
         lanes = [CudaLane(cudart, cuda_session, create_stream(cudart), input_name, outputs, cfg.max_batch)
                  for _ in range(cfg.lanes)]

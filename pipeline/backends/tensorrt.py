@@ -306,7 +306,7 @@ def _io_tensors(engine: trt.ICudaEngine, model: ModelManifest, key: EngineKey,
     names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
     inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
     outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
-    missing = [n for n in model.outputs if n not in outputs]
+    missing = [n for n in model.prepared_outputs if n not in outputs]
     if missing:
         raise BackendError(f"{model.name}: engine lacks output(s) {', '.join(missing)} named by the manifest")
     probe = engine.create_execution_context()  # resolves output shapes at the largest input shapes
