@@ -21,6 +21,7 @@ VARIANTS = {
     "heuristic": {"cudnn_conv_algo_search": "HEURISTIC"},
     "heuristic+small_ws": {"cudnn_conv_algo_search": "HEURISTIC", "cudnn_conv_use_max_workspace": "0",
                            "arena_extend_strategy": "kSameAsRequested"},
+    "heuristic+shared_arena": {"cudnn_conv_algo_search": "HEURISTIC"},
     "default_algo+small_ws": {"cudnn_conv_algo_search": "DEFAULT", "cudnn_conv_use_max_workspace": "0",
                               "arena_extend_strategy": "kSameAsRequested"},
 }
@@ -39,10 +40,14 @@ def timed(session: object, batch: np.ndarray) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def probe(model: str, options: dict[str, str]) -> dict[str, object]:
+def probe(model: str, options: dict[str, str], shared_arena: bool) -> dict[str, object]:
     import onnxruntime as ort
 
+    from pipeline.backends.onnxruntime import share_cuda_arena
+
     so = ort.SessionOptions()
+    if shared_arena and share_cuda_arena(ort):
+        so.add_session_config_entry("session.use_env_allocators", "1")
     so.intra_op_num_threads = 1
     so.log_severity_level = 3
     frames = {n: np.random.default_rng(0).integers(0, 256, (n, 352, 640, 3), dtype=np.uint8) for n in SIZES}
@@ -61,7 +66,7 @@ def probe(model: str, options: dict[str, str]) -> dict[str, object]:
 def main() -> None:
     model = sys.argv[1]
     if len(sys.argv) > 2:
-        print(json.dumps(probe(model, VARIANTS[sys.argv[2]])))
+        print(json.dumps(probe(model, VARIANTS[sys.argv[2]], sys.argv[2].endswith("shared_arena"))))
         return
     for name, options in VARIANTS.items():
         out = subprocess.run([sys.executable, __file__, model, name], capture_output=True, text=True, check=False)

@@ -43,6 +43,8 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-delay-ms", type=float, default=4.0)
     parser.add_argument("--lanes", type=int, default=1)
     parser.add_argument("--config", type=Path, default=Path(__file__).resolve().parent.parent / "config/default.yaml")
+    parser.add_argument("--decode-threads", type=int, default=1,
+                        help="video decoder threads per camera (camera key decode_threads; 0 = FFmpeg's default)")
     parser.add_argument("--switch-interval-ms", type=float, default=None,
                         help="Python's GIL switch interval for this run (default 5 ms), to measure GIL contention")
     parser.add_argument("--json", type=Path, default=None)
@@ -51,7 +53,8 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
 def _config(args: argparse.Namespace, naive: bool) -> AppConfig:
     base = load_config(args.config)
     width, height = (int(v) for v in args.detector_input.lower().split("x"))
-    cameras = [CameraConfig(name=f"cam{i}", source=str(args.video), loop=True, fps=args.fps)
+    cameras = [CameraConfig(name=f"cam{i}", source=str(args.video), loop=True, fps=args.fps,
+                            decode_threads=args.decode_threads)
                for i in range(args.cameras)]
     inference = base.inference.model_copy(update={
         "device": args.device, "precision": args.precision,
@@ -124,6 +127,7 @@ def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
     frames_in = sum(c.frames_in.total for c in captures) - frames_in0
     analysed = sum(w.stats.analysed.total for w in workers) - analysed0
     gpu_mb, (rss_mb, peak_mb) = _gpu_memory_mb(), _rss_mb()
+    threads = len(os.listdir("/proc/self/task"))  # every thread of the process, the libraries' own included
     batch_stats = _batch_stats([p for p in {id(p): p for p in perceptions}.values()])  # type: ignore[misc]
     stop.set()
     for thread in [*captures, *workers]:
@@ -131,7 +135,7 @@ def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
     for perception in {id(p): p for p in perceptions}.values():
         perception.close()  # type: ignore[union-attr]
     return _summary(args, naive, wall, frames_in, analysed, recorder, usage0, usage1, rss_mb, peak_mb, gpu_mb,
-                    batch_stats)
+                    batch_stats) | {"threads": threads, "decode_threads": args.decode_threads}
 
 
 def _batch_stats(perceptions: list[Perception]) -> dict[str, Any]:

@@ -144,6 +144,10 @@ class CameraConfig(StrictModel):
                                                  "MJPG or YUYV (null: the camera's default).")
     rtsp_transport: Literal["tcp", "udp"] = Field("tcp", description="RTSP transport; tcp survives lossy "
                                                                      "networks, udp has less latency.")
+    decode_threads: int = Field(1, ge=0, le=64, description="Video decoder threads for this camera (files, RTSP, "
+                                                             "HTTP). 1 fits many cameras on one machine and adds "
+                                                             "no frame delay; 0 = FFmpeg's choice (one per core), "
+                                                             "for a single high-resolution stream.")
     enabled: bool = Field(True, description="false keeps the camera in the file but does not open it.")
 
     @field_validator("name", mode="before")

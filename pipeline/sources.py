@@ -110,8 +110,8 @@ class OpenCvSource(VideoSource):
 class FileSource(OpenCvSource):
     kind = "file"
 
-    def __init__(self, path: Path, loop: bool) -> None:
-        cap = cv2.VideoCapture(str(path))
+    def __init__(self, path: Path, loop: bool, decode_threads: int = 1) -> None:
+        cap = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG, decoder_params(decode_threads))
         if not cap.isOpened():
             cap.release()
             raise SourceError(f"cannot open video file {path} (unsupported format or corrupt)")
@@ -202,6 +202,17 @@ def _usb_source(cfg: CameraConfig, device: int | str) -> VideoSource:
     return OpenCvSource(cap, f"usb {device}")
 
 
+def decoder_params(threads: int) -> list[int]:
+    """VideoCapture open parameters for `threads` decoder threads (0: FFmpeg's default, one per core).
+
+    Measured on the H200 machine's 16 cores (BENCHMARKS.md): 64 cameras with FFmpeg's default opened ~1,000 decoder
+    threads, and the inference lanes lost the CPU to them; FFmpeg's frame threading also holds back one frame
+    per thread, which a live kiosk feels as delay."""
+    if threads <= 0 or not hasattr(cv2, "CAP_PROP_N_THREADS"):
+        return []
+    return [cv2.CAP_PROP_N_THREADS, threads]
+
+
 def configure_ffmpeg(rtsp_transport: str) -> None:
     """Set FFmpeg's RTSP transport for every capture of this process.
 
@@ -216,7 +227,8 @@ def _stream_source(cfg: CameraConfig, url: str, stall_s: float) -> VideoSource:
         log.warning("configure_ffmpeg() was not called: FFmpeg picks the RTSP transport itself")
     # The read timeout is a backstop past stall_s: the capture thread declares the stall itself, on time.
     read_timeout_ms = int((stall_s + READ_TIMEOUT_MARGIN_S) * 1000)
-    params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, OPEN_TIMEOUT_MS, cv2.CAP_PROP_READ_TIMEOUT_MSEC, read_timeout_ms]
+    params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, OPEN_TIMEOUT_MS, cv2.CAP_PROP_READ_TIMEOUT_MSEC, read_timeout_ms,
+              *decoder_params(cfg.decode_threads)]
     cap = cv2.VideoCapture(url, cv2.CAP_FFMPEG, params)
     if not cap.isOpened():
         cap.release()
@@ -240,4 +252,4 @@ def open_source(cfg: CameraConfig) -> VideoSource:
     path = Path(source).expanduser()
     if not path.is_file():
         raise SourceError(f"video file {path} not found")
-    return FileSource(path, cfg.loop)
+    return FileSource(path, cfg.loop, cfg.decode_threads)
