@@ -42,6 +42,7 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--max-delay-ms", type=float, default=4.0)
     parser.add_argument("--lanes", type=int, default=1)
+    parser.add_argument("--batch-step", type=int, default=4, help="CUDA: pad batches to powers of this")
     parser.add_argument("--config", type=Path, default=Path(__file__).resolve().parent.parent / "config/default.yaml")
     parser.add_argument("--decode-threads", type=int, default=1,
                         help="video decoder threads per camera (camera key decode_threads; 0 = FFmpeg's default)")
@@ -59,7 +60,7 @@ def _config(args: argparse.Namespace, naive: bool) -> AppConfig:
     inference = base.inference.model_copy(update={
         "device": args.device, "precision": args.precision,
         "max_batch": 1 if naive else args.max_batch, "max_delay_ms": 0.0 if naive else args.max_delay_ms,
-        "lanes": 1 if naive else args.lanes})
+        "lanes": 1 if naive else args.lanes, "batch_step": args.batch_step})
     detector = type(base.detector).model_validate(base.detector.model_dump() | {"input_size": (width, height)})
     return base.model_copy(update={"cameras": cameras, "inference": inference, "detector": detector})
 

@@ -245,6 +245,11 @@ class InferenceConfig(StrictModel):
     max_delay_ms: float = Field(4.0, ge=0, le=1000, description="Longest wait for a batch to fill before it is "
                                                                 "run anyway, in milliseconds.")
     lanes: int = Field(1, ge=1, le=16, description="Parallel inference workers (streams) per model.")
+    batch_step: int = Field(4, ge=2, le=64, description="device cuda: a batch is padded up to the next power of "
+                                                        "this (capped at max_batch), and each padded size has "
+                                                        "its own session per lane (ONNX Runtime re-plans for "
+                                                        "1-3 s on every new shape). Smaller wastes less compute "
+                                                        "on padding and takes more GPU memory.")
     threads: int = Field(0, ge=0, le=256, description="CPU threads per session; 0 = the library default.")
     queue_size: int = Field(256, ge=1, le=100_000, description="Requests waiting for inference before the oldest "
                                                                "frames are dropped.")

@@ -320,3 +320,14 @@ def test_submit_racing_close_never_leaves_a_future_hanging(make_backend, crops) 
             pass
         except FutureTimeout:
             pytest.fail("a request accepted during close() never completes")
+
+
+@pytest.mark.parametrize("step,expected,sizes", [(4, [1, 4, 4, 16, 64, 64, 64], 4),
+                                                 (2, [1, 2, 4, 16, 32, 64, 64], 7)])
+def test_cuda_batches_pad_to_a_few_fixed_sizes(step: int, expected: list[int], sizes: int) -> None:
+    """Each padded size is one ONNX Runtime CUDA session per lane, so sizes must come from a short fixed ladder."""
+    from pipeline.backends.cuda_lane import padded_size
+
+    assert [padded_size(n, step, 64) for n in (1, 2, 3, 9, 17, 33, 64)] == expected
+    assert padded_size(100, 4, 80) == 80  # never past max_batch
+    assert len({padded_size(n, step, 64) for n in range(1, 65)}) == sizes

@@ -74,13 +74,14 @@ class CudaLane:
     """
 
     def __init__(self, cudart: Any, session_factory: Callable[[int], Any], stream: int, input_name: str,
-                 output_names: list[str], max_batch: int) -> None:
+                 output_names: list[str], max_batch: int, step: int = 4) -> None:
         self._cudart = cudart
         self._session_factory = session_factory
         self._stream = stream
         self._input = input_name
         self._outputs = output_names
         self._max_batch = max_batch
+        self._step = step
         self._sessions: dict[int, tuple[Any, Any]] = {}  # bucket -> (session, io binding)
         self._pinned: PinnedBuffer | None = None
         self._device: Any = None  # OrtValue on the GPU, max_batch items
@@ -114,14 +115,7 @@ class CudaLane:
         return pinned
 
     def bucket(self, batch: int) -> int:
-        """The padded batch size actually run: the next power of four, capped at max_batch.
-
-        A few fixed sizes (like TensorRT profiles or Triton's preferred batch sizes), each with its own session,
-        all created and warmed before the cameras start; padding wastes at most 3/4 of a small batch's compute."""
-        size = 1
-        while size < batch:
-            size *= 4
-        return min(size, self._max_batch)
+        return padded_size(batch, self._step, self._max_batch)
 
     def warm(self, item_shape: tuple[int, ...], dtype: np.dtype) -> None:
         """Run every bucket once, so no first-time shape is met while cameras are running."""
@@ -161,6 +155,17 @@ class CudaLane:
         if self._stream:
             _check(self._cudart, self._cudart.cudaStreamDestroy(self._stream), "cudaStreamDestroy")
             self._stream = 0
+
+
+def padded_size(batch: int, step: int, max_batch: int) -> int:
+    """The batch size actually run for `batch` items: the next power of `step`, capped at `max_batch`.
+
+    A few fixed sizes (like TensorRT profiles or Triton's preferred batch sizes), each with its own session,
+    all created and warmed before the cameras start; with step 4, padding wastes at most 3/4 of a small batch."""
+    size = 1
+    while size < batch:
+        size *= step
+    return min(size, max_batch)
 
 
 def create_stream(cudart: Any) -> int:

@@ -98,8 +98,8 @@ class OnnxRuntimeBackend(Backend):
             options = {"user_compute_stream": str(stream), "cudnn_conv_algo_search": "HEURISTIC"}
             return _session(ort, cuda_cfg, model, model_path, [("CUDAExecutionProvider", options)], shared_arena)
 
-        lanes = [CudaLane(cudart, cuda_session, create_stream(cudart), input_name, outputs, cfg.max_batch)
-                 for _ in range(cfg.lanes)]
+        lanes = [CudaLane(cudart, cuda_session, create_stream(cudart), input_name, outputs, cfg.max_batch,
+                          cfg.batch_step) for _ in range(cfg.lanes)]
         return cls([probe], cfg, model_path, lanes)
 
     def staging(self, lane: int, batch: int, item_shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
