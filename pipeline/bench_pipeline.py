@@ -46,6 +46,8 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, default=Path(__file__).resolve().parent.parent / "config/default.yaml")
     parser.add_argument("--decode-threads", type=int, default=1,
                         help="video decoder threads per camera (camera key decode_threads; 0 = FFmpeg's default)")
+    parser.add_argument("--capture-nice", type=int, default=0,
+                        help="nice increment for capture and decoding (camera key nice)")
     parser.add_argument("--switch-interval-ms", type=float, default=None,
                         help="Python's GIL switch interval for this run (default 5 ms), to measure GIL contention")
     parser.add_argument("--json", type=Path, default=None)
@@ -55,7 +57,7 @@ def _config(args: argparse.Namespace, naive: bool) -> AppConfig:
     base = load_config(args.config)
     width, height = (int(v) for v in args.detector_input.lower().split("x"))
     cameras = [CameraConfig(name=f"cam{i}", source=str(args.video), loop=True, fps=args.fps,
-                            decode_threads=args.decode_threads)
+                            decode_threads=args.decode_threads, nice=args.capture_nice)
                for i in range(args.cameras)]
     inference = base.inference.model_copy(update={
         "device": args.device, "precision": args.precision,
@@ -136,7 +138,8 @@ def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
     for perception in {id(p): p for p in perceptions}.values():
         perception.close()  # type: ignore[union-attr]
     return _summary(args, naive, wall, frames_in, analysed, recorder, usage0, usage1, rss_mb, peak_mb, gpu_mb,
-                    batch_stats) | {"threads": threads, "decode_threads": args.decode_threads}
+                    batch_stats) | {"threads": threads, "decode_threads": args.decode_threads,
+                                      "capture_nice": args.capture_nice}
 
 
 def _batch_stats(perceptions: list[Perception]) -> dict[str, Any]:

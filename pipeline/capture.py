@@ -8,6 +8,7 @@ jitter, while every other camera keeps running.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -97,6 +98,18 @@ class Backoff:
         self.attempt = 0
 
 
+def lower_thread_priority(increment: int) -> None:
+    """Raise the calling thread's nice value by `increment` (Linux: nice is per thread, inherited by the threads
+    it starts, such as FFmpeg's decoders). Lowering priority needs no privilege."""
+    if increment <= 0:
+        return
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment))
+    except OSError as exc:
+        log.warning("cannot lower the capture thread's CPU priority: %s", exc)
+
+
 class SourceReader(threading.Thread):
     """Opens one source and reads it into the camera's slot until it fails, ends, or is abandoned.
 
@@ -123,6 +136,7 @@ class SourceReader(threading.Thread):
 
     def run(self) -> None:
         source: VideoSource | None = None
+        lower_thread_priority(self.cfg.nice)  # before the source starts its decoder threads: they inherit it
         try:
             source = self._factory(self.cfg)
             self.description = source.describe()

@@ -145,9 +145,14 @@ class CameraConfig(StrictModel):
     rtsp_transport: Literal["tcp", "udp"] = Field("tcp", description="RTSP transport; tcp survives lossy "
                                                                      "networks, udp has less latency.")
     decode_threads: int = Field(1, ge=0, le=64, description="Video decoder threads for this camera (files, RTSP, "
-                                                             "HTTP). 1 fits many cameras on one machine and adds "
-                                                             "no frame delay; 0 = FFmpeg's choice (one per core), "
-                                                             "for a single high-resolution stream.")
+                                                             "HTTP). 1 adds no delay; each extra thread holds back "
+                                                             "one frame (FFmpeg frame threading). 0 = FFmpeg's "
+                                                             "choice, one per core: more throughput with many "
+                                                             "cameras (BENCHMARKS.md), more delay.")
+    nice: int = Field(0, ge=0, le=19, description="Lower CPU priority for this camera's reading and decoding "
+                                                  "(a Unix nice increment over the daemon's): when the CPU is full, "
+                                                  "inference goes first; a late frame is skipped anyway, a late "
+                                                  "batch delays every camera.")
     enabled: bool = Field(True, description="false keeps the camera in the file but does not open it.")
 
     @field_validator("name", mode="before")

@@ -205,9 +205,9 @@ def _usb_source(cfg: CameraConfig, device: int | str) -> VideoSource:
 def decoder_params(threads: int) -> list[int]:
     """VideoCapture open parameters for `threads` decoder threads (0: FFmpeg's default, one per core).
 
-    Measured on the H200 machine's 16 cores (BENCHMARKS.md): 64 cameras with FFmpeg's default opened ~1,000 decoder
-    threads, and the inference lanes lost the CPU to them; FFmpeg's frame threading also holds back one frame
-    per thread, which a live kiosk feels as delay."""
+    The default is 1 because FFmpeg's frame threading holds back one frame per extra thread (16 cores: about half
+    a second of a live 30 fps stream), which a kiosk feels as delay. Measured on the 16-core GPU machine with 64
+    cameras (BENCHMARKS.md): FFmpeg's default analysed 1.39x more frames, so it is the setting for throughput."""
     if threads <= 0 or not hasattr(cv2, "CAP_PROP_N_THREADS"):
         return []
     return [cv2.CAP_PROP_N_THREADS, threads]
