@@ -331,3 +331,16 @@ def test_cuda_batches_pad_to_a_few_fixed_sizes(step: int, expected: list[int], s
     assert [padded_size(n, step, 64) for n in (1, 2, 3, 9, 17, 33, 64)] == expected
     assert padded_size(100, 4, 80) == 80  # never past max_batch
     assert len({padded_size(n, step, 64) for n in range(1, 65)}) == sizes
+
+
+def test_cuda_arena_sharing_degrades_with_a_warning_without_cuda(caplog: pytest.LogCaptureFixture) -> None:
+    """Where ONNX Runtime cannot share a CUDA arena (here: the CPU build), sessions keep their own; nothing fails."""
+    import onnxruntime as ort
+
+    from pipeline.backends.onnxruntime import share_cuda_arena
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has CUDA: sharing is exercised by tests/test_gpu.py")
+    with caplog.at_level("WARNING"):
+        assert share_cuda_arena(ort) is False
+    assert "each keeps its own" in caplog.text

@@ -481,3 +481,26 @@ def test_password_containing_at_sign_is_masked_whole(rtsp_server: StartRtsp, cli
     streaming = recorder.of("at-sign")[0]
     assert "s3cr3t" not in streaming.detail, streaming.detail
     assert f"rtsp://viewer:***@127.0.0.1:{server.port}/cam" in streaming.detail
+
+
+def test_capture_priority_is_lowered_for_the_reader_thread_only() -> None:
+    """camera key nice: the reader thread (and the decoder threads it starts) yield to inference; others do not."""
+    import os
+    import threading
+
+    from pipeline.capture import lower_thread_priority
+
+    seen: dict[str, int] = {}
+
+    def reader() -> None:
+        tid = threading.get_native_id()
+        before = os.getpriority(os.PRIO_PROCESS, tid)
+        lower_thread_priority(5)
+        seen["delta"] = os.getpriority(os.PRIO_PROCESS, tid) - before
+
+    main_before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    thread = threading.Thread(target=reader)
+    thread.start()
+    thread.join(5)
+    assert seen["delta"] == min(5, 19 - main_before)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main_before

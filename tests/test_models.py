@@ -158,3 +158,19 @@ def test_emotion_probabilities_are_in_canonical_order(perception) -> None:  # ty
     crop = np.full((64, 64, 1), 128, np.uint8)
     scores = perception.classifier.classify([crop])[0]
     assert scores.probs.shape == (7,) and abs(float(scores.probs.sum()) - 1.0) < 1e-5
+
+
+def test_file_prepared_by_another_recipe_is_prepared_again(prepared_models: None, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file from an older prepare-models (or an edited manifest) is re-made, not trusted: here the detector
+    file predates its top-candidates step."""
+    folder = _isolate(tmp_path, monkeypatch)
+    manifest = load_manifest("retinaface_mnet025", folder)
+    sidecar = manifest.sidecar_for("fp32")
+    info = json.loads(sidecar.read_text())
+    info["recipe"] = "older"
+    sidecar.write_text(json.dumps(info))
+    assert check_prepared(manifest, "fp32") is None
+    models_module.prepare_model(manifest, ["fp32"])
+    assert check_prepared(manifest, "fp32") == manifest.file_for("fp32")
+    assert json.loads(sidecar.read_text())["recipe"] == manifest.recipe()
