@@ -14,12 +14,16 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper, version_converter
 
-from pipeline.manifest import RawInputSpec, TopCandidatesSpec
+from pipeline.manifest import (
+    CANDIDATE_ANCHOR,
+    CANDIDATE_SCORE,
+    RawInputSpec,
+    TopCandidatesSpec,
+)
 
 PREPARED_INPUT = "image"
 PREPROCESSING_NODES = ("pre_cast", "pre_mul", "pre_add", "pre_transpose")
 CANDIDATE_NODES = ("cand_score", "cand_shape", "cand_count", "cand_k", "cand_topk", "cand_index")
-CANDIDATE_SCORE, CANDIDATE_ANCHOR = "top_score", "top_anchor"
 # GatherND's batch_dims and Min over int64 need opset 12+; older graphs are converted (outputs unchanged: tested).
 CANDIDATE_OPSET = 13
 

@@ -22,6 +22,8 @@ MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 Precision = Literal["fp32", "fp16", "int8"]
 # Raised whenever prepare-models changes what it writes for the same manifest (2: detector top candidates).
 RECIPE_VERSION = 2
+# Outputs of a detector prepared with top_candidates (besides `top_<name>` for each gathered output).
+CANDIDATE_SCORE, CANDIDATE_ANCHOR = "top_score", "top_anchor"
 
 
 class _Strict(BaseModel):
@@ -99,7 +101,7 @@ class ModelManifest(_Strict):
         """Output names of the prepared file (the original `outputs` unless top_candidates rewrote them)."""
         if self.top_candidates is None:
             return list(self.outputs)
-        return ["top_score", "top_anchor", *(f"top_{name}" for name in self.top_candidates.gather)]
+        return [CANDIDATE_SCORE, CANDIDATE_ANCHOR, *(f"top_{name}" for name in self.top_candidates.gather)]
 
     def recipe(self) -> str:
         """Fingerprint of everything prepare-models derives a file from: a prepared file made with another recipe

@@ -89,8 +89,8 @@ class OnnxRuntimeBackend(Backend):
         probe = _session(ort, cfg, model, model_path, ["CPUExecutionProvider"])
         input_name, outputs = probe.get_inputs()[0].name, [o.name for o in probe.get_outputs()]
 
-        # The CUDA provider barely uses CPU threads; the library default (one per core) per session would add
-        # hundreds of idle threads across lanes and buckets.
+        # The CUDA provider barely uses CPU threads; the library default is one per core for every session
+        # (16 on the H200 machine), times lanes and padded sizes.
         cuda_cfg = cfg.model_copy(update={"threads": cfg.threads or 1})
         shared_arena = share_cuda_arena(ort)
 
@@ -144,8 +144,8 @@ def share_cuda_arena(ort: Any, device_id: int = 0) -> bool:
     """Register one CUDA memory arena in ONNX Runtime's process-wide environment, for every CUDA session to share.
 
     Each lane keeps a session per padded batch size (see cuda_lane.py), and each session's own arena holds the
-    activations of its largest run for good (measured: ~300 MB more GPU memory per extra session). One shared arena
-    serves the runs actually in flight. Where this ONNX Runtime cannot share (an old build), sessions keep their own
+    activations of its largest run for good. Measured on the H200 (BENCHMARKS.md, ort_cuda_probe): each extra
+    detector session took ~400 MB with its own arena, ~150 MB with the shared one. Where this ONNX Runtime cannot share (an old build), sessions keep their own
     arenas: more memory, same results."""
     if device_id in _SHARED_ARENAS:
         return True
