@@ -47,6 +47,9 @@ def add_bench_args(parser: argparse.ArgumentParser, parents: list[argparse.Argum
 
     add_engine_args(modes.add_parser("engine", parents=parents, help="one model: throughput and latency per batch"))
     add_pipeline_args(modes.add_parser("pipeline", parents=parents, help="N cameras: batched vs naive"))
+    for mode in modes.choices.values():
+        mode.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
+                          help="also draw the results into this PNG (matplotlib)")
 
 
 def machine() -> dict[str, object]:
@@ -161,4 +164,13 @@ def run_bench(args: argparse.Namespace) -> int:
     show(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    if args.plot:  # last: a plot that cannot be drawn loses none of the figures above
+        from pipeline.bench_plot import PlotError, save_plot
+        from pipeline.cli import UsageError
+
+        try:
+            save_plot(result, args.plot)
+        except PlotError as exc:
+            raise UsageError(str(exc)) from exc
+        print(f"plot: {args.plot}")
     return 0

@@ -1,0 +1,68 @@
+"""`bench`: each mode runs the real models on a real video and gives a table, JSON and, when asked, a PNG plot.
+
+Only that the measurements are made and reported is tested here; their values are never thresholds (machines here
+are noisy: figures live in BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cv2
+import pytest
+
+from tests.conftest import data_path, run_cli
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    image = cv2.imread(str(path))
+    assert image is not None, f"{path} is not a readable image"
+    return image.shape[1], image.shape[0]
+
+
+def test_bench_engine_reports_every_batch_with_json_and_plot(prepared_models: None, tmp_path: Path) -> None:
+    video = data_path("video", "woman2.mp4")
+    out, plot = tmp_path / "engine.json", tmp_path / "engine.png"
+    done = run_cli("bench", "engine", "--model", "emotion", "--device", "cpu", "--precision", "fp32",
+                   "--batch", "1,8", "--seconds", "0.3", "--video", str(video), "--log-level", "warning",
+                   "--json", str(out), "--plot", str(plot))
+    assert done.returncode == 0, done.stderr
+    assert "items/s" in done.stdout and f"plot: {plot}" in done.stdout
+    result = json.loads(out.read_text())
+    assert [row["batch"] for row in result["rows"]] == [1, 8]
+    assert all(row["items_per_s"] > 0 and row["p99_ms"] >= row["p50_ms"] > 0 for row in result["rows"])
+    assert result["machine"]["cores"] >= 1
+    width, height = _png_size(plot)
+    assert width > height > 200  # two panels side by side
+
+
+def test_bench_pipeline_compares_both_designs_in_one_run(prepared_models: None, tmp_path: Path) -> None:
+    video = data_path("video", "woman2.mp4")
+    out, plot = tmp_path / "pipeline.json", tmp_path / "pipeline.png"
+    done = run_cli("bench", "pipeline", "--video", str(video), "--cameras", "2", "--fps", "10", "--duration", "2",
+                   "--mode", "both", "--log-level", "warning", "--json", str(out), "--plot", str(plot), timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "batched / naive" in done.stdout
+    result = json.loads(out.read_text())
+    assert [r["mode"] for r in result["results"]] == ["batched", "naive"]
+    assert "ratio_analysed_batched_over_naive" in result
+    for run in result["results"]:
+        assert run["fps_in_per_camera"] > 0 and run["analysed_per_s"] > 0
+        assert set(run["stage_ms"]) == {"detect", "crop", "emotion", "other"}
+        assert run["latency_ms"]["p99"] >= run["latency_ms"]["p50"] > 0
+        assert run["threads"] > 2 and run["peak_rss_mb"] > 0
+    assert result["results"][1]["batching"]["detector"]["mean_batch"] == 1.0  # naive: never batched
+    _png_size(plot)
+
+
+@pytest.mark.parametrize("mode_args", [["capture", "--seconds", "1"]])
+def test_plot_that_cannot_be_written_keeps_the_json(tmp_path: Path, mode_args: list[str]) -> None:
+    """The figures are saved before the plot is drawn; a bad plot path is a clear error, exit 2."""
+    video = data_path("video", "woman2.mp4")
+    out, plot = tmp_path / "capture.json", tmp_path / "no-such-dir" / "capture.png"
+    done = run_cli("bench", *mode_args, "--video", str(video), "--log-level", "warning", "--json", str(out),
+                   "--plot", str(plot))
+    assert done.returncode == 2
+    assert "cannot write the plot" in done.stderr and "Traceback" not in done.stderr
+    assert json.loads(out.read_text())["rows"][0]["fps_per_camera"] > 0
