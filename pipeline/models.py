@@ -295,12 +295,13 @@ def ensure_model(manifest: ModelManifest, precision: Precision, auto_prepare: bo
     path = check_prepared(manifest, precision)
     if path is not None:
         return path
+    target = manifest.file_for(precision)
+    state = "is outdated (made by an older prepare-models)" if target.exists() else "does not exist"
     if not auto_prepare:
-        raise ModelError(f"{manifest.file_for(precision)} does not exist; run: "
-                         f"python run_pipeline.py prepare-models --precision {precision}")
-    log.info("%s %s is missing: preparing it now (first run only)", manifest.name, precision)
+        raise ModelError(f"{target} {state}; run: python run_pipeline.py prepare-models --precision {precision}")
     if precision == "int8":
-        raise ModelError(f"{manifest.name} int8 needs calibration images: run "
+        raise ModelError(f"{target} {state}, and int8 needs calibration images: run "
                          f"python run_pipeline.py prepare-models --precision int8 --calib DIR")
+    log.info("%s %s: preparing it now", target.name, state)
     prepare_model(manifest, [precision])
     return manifest.file_for(precision)

@@ -146,6 +146,21 @@ def test_missing_model_without_auto_prepare_says_how(tmp_path: Path, monkeypatch
     assert "prepare-models" in str(caught.value)
 
 
+def test_outdated_int8_file_says_it_needs_calibration(prepared_models: None, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """An int8 file from an older prepare-models cannot be re-made without images: the error says so and how."""
+    folder = _isolate(tmp_path, monkeypatch)
+    manifest = load_manifest("mini_xception_fer2013", folder)
+    int8 = manifest.file_for("int8")  # an intact file with its sidecar, as an older release left it
+    shutil.copy2(manifest.file_for("fp32"), int8)
+    old = json.loads(manifest.sidecar_for("fp32").read_text()) | {"precision": "int8", "recipe": "older"}
+    manifest.sidecar_for("int8").write_text(json.dumps(old))
+    with pytest.raises(ModelError) as caught:
+        ensure_model(manifest, "int8")
+    message = str(caught.value)
+    assert "outdated" in message and "--calib" in message and str(int8) in message
+
+
 def test_cli_prepare_models_rejects_unknown_precision() -> None:
     done = run_cli("prepare-models", "--precision", "fp8")
     assert done.returncode == 2
