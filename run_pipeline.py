@@ -3,7 +3,7 @@
 
 import sys
 
-from pipeline.cli import main
+from pipeline.tools.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

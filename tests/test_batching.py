@@ -1,4 +1,4 @@
-"""BatchedModel (pipeline/batching.py) over the real emotion model on ONNX Runtime.
+"""BatchedModel (pipeline/inference/batching.py) over the real emotion model on ONNX Runtime.
 
 Each test builds its own backend (closing a BatchedModel closes its backend, and the shared `perception` models must
 stay usable). Only two boundary fakes: a gate that holds the backend until the test opens it, and a backend that
@@ -18,8 +18,8 @@ import cv2
 import numpy as np
 import pytest
 
-from pipeline.backends.base import Backend, create_backend
-from pipeline.batching import BatchedModel, ModelClosedError, QueueFullError
+from pipeline.inference.backend import Backend, create_backend
+from pipeline.inference.batching import BatchedModel, ModelClosedError, QueueFullError
 from tests.conftest import data_path
 
 WAIT_S = 20.0  # generous: only reached when something hangs
@@ -27,8 +27,8 @@ WAIT_S = 20.0  # generous: only reached when something hangs
 
 @pytest.fixture(scope="module")
 def make_backend(prepared_models, app_config):  # type: ignore[no-untyped-def]
-    from pipeline.manifest import load_manifest
-    from pipeline.models import ensure_model
+    from pipeline.modelprep.manifest import load_manifest
+    from pipeline.modelprep.prepare import ensure_model
 
     manifest = load_manifest("mini_xception_fer2013")
     path = ensure_model(manifest, "fp32")
@@ -326,7 +326,7 @@ def test_submit_racing_close_never_leaves_a_future_hanging(make_backend, crops) 
                                                  (2, [1, 2, 4, 16, 32, 64, 64], 7)])
 def test_cuda_batches_pad_to_a_few_fixed_sizes(step: int, expected: list[int], sizes: int) -> None:
     """Each padded size is one ONNX Runtime CUDA session per lane, so sizes must come from a short fixed ladder."""
-    from pipeline.backends.cuda_lane import padded_size
+    from pipeline.inference.gpu.cuda_lane import padded_size
 
     assert [padded_size(n, step, 64) for n in (1, 2, 3, 9, 17, 33, 64)] == expected
     assert padded_size(100, 4, 80) == 80  # never past max_batch
@@ -337,7 +337,7 @@ def test_cuda_arena_sharing_degrades_with_a_warning_without_cuda(caplog: pytest.
     """Where ONNX Runtime cannot share a CUDA arena (here: the CPU build), sessions keep their own; nothing fails."""
     import onnxruntime as ort
 
-    from pipeline.backends.onnxruntime import share_cuda_arena
+    from pipeline.inference.onnxruntime import share_cuda_arena
 
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("this onnxruntime has CUDA: sharing is exercised by tests/test_gpu.py")

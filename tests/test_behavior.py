@@ -1,4 +1,4 @@
-"""BehaviorMapper (pipeline/behavior.py): attention, dwell, cooldown, confidence, idle and rules, on a fake clock.
+"""BehaviorMapper (pipeline/behavior/mapper.py): attention, dwell, cooldown, confidence, idle and rules, on a fake clock.
 
 Observations are built by hand (the camera/clock boundary). Times are multiples of 1/16 s so every comparison with
 dwell_ms / cooldown_ms is exact in binary floating point.
@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.behavior import STICKINESS, BehaviorMapper
-from pipeline.config import BehaviorConfig, default_rules
-from pipeline.types import EMOTIONS, Command, Detection, EmotionScores, FaceResult, Observation
+from pipeline.behavior.mapper import STICKINESS, BehaviorMapper
+from pipeline.config.app import BehaviorConfig, default_rules
+from pipeline.core.types import EMOTIONS, Command, Detection, EmotionScores, FaceResult, Observation
 
 STEP = 0.0625  # 16 fps
 T0 = 1000.0  # monotonic clock origin

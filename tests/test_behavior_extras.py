@@ -11,10 +11,10 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from pipeline.behavior import room_scores
-from pipeline.config import BehaviorConfig, ConfigError, ToneConfig, default_rules, parse_config
-from pipeline.ssml import MSTTS_NS, SSML_NS, tone_to_ssml
-from pipeline.types import EMOTIONS, Detection, EmotionScores, FaceResult, Tone
+from pipeline.behavior.mapper import room_scores
+from pipeline.config.app import BehaviorConfig, ConfigError, ToneConfig, default_rules, parse_config
+from pipeline.outputs.ssml import MSTTS_NS, SSML_NS, tone_to_ssml
+from pipeline.core.types import EMOTIONS, Detection, EmotionScores, FaceResult, Tone
 from tests.test_behavior import STEP, WALL0, drive, mapper, observation, result, square
 
 

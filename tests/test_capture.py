@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.capture import Backoff, CaptureThread
-from pipeline.config import CameraConfig, ReconnectConfig
-from pipeline.sources import configure_ffmpeg
-from pipeline.types import CameraEvent
+from pipeline.capture.thread import Backoff, CaptureThread
+from pipeline.config.app import CameraConfig, ReconnectConfig
+from pipeline.capture.sources import configure_ffmpeg
+from pipeline.core.types import CameraEvent
 from tests.conftest import run_cli
 from tests.running_daemon import RunningDaemon, daemons, wait_until  # noqa: F401  (daemons: a fixture)
 from tests.running_daemon import clip as clip_path
@@ -488,7 +488,7 @@ def test_capture_priority_is_lowered_for_the_reader_thread_only() -> None:
     import os
     import threading
 
-    from pipeline.capture import lower_thread_priority
+    from pipeline.capture.thread import lower_thread_priority
 
     seen: dict[str, int] = {}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from pipeline.config import (
+from pipeline.config.app import (
     AppConfig,
     CameraConfig,
     ConfigError,
@@ -21,7 +21,7 @@ from pipeline.config import (
     parse_config,
     summarize,
 )
-from pipeline.types import EMOTIONS
+from pipeline.core.types import EMOTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "config"

@@ -6,8 +6,8 @@ import cv2
 import numpy as np
 import pytest
 
-from pipeline.detect import anchor_grid, decode, letterbox
-from pipeline.track import iou_matrix
+from pipeline.vision.retinaface import anchor_grid, decode, letterbox
+from pipeline.vision.track import iou_matrix
 from tests.conftest import data_path
 
 

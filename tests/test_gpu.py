@@ -10,14 +10,14 @@ import cv2
 import numpy as np
 import pytest
 
-from pipeline.backends.base import create_backend
-from pipeline.batching import BatchedModel
-from pipeline.bench_engine import video_frames
-from pipeline.config import InferenceConfig
-from pipeline.detect import Letterbox, decode, letterbox
-from pipeline.manifest import load_manifest
-from pipeline.models import ensure_model
-from pipeline.types import Detection
+from pipeline.inference.backend import create_backend
+from pipeline.inference.batching import BatchedModel
+from pipeline.tools.bench_engine import video_frames
+from pipeline.config.app import InferenceConfig
+from pipeline.vision.retinaface import Letterbox, decode, letterbox
+from pipeline.modelprep.manifest import load_manifest
+from pipeline.modelprep.prepare import ensure_model
+from pipeline.core.types import Detection
 from tests.conftest import data_path
 
 ort = pytest.importorskip("onnxruntime")

@@ -1,7 +1,7 @@
 """The Keras HDF5 -> ONNX converter against an independent numpy implementation of the Keras layers.
 
 The reference below reads the HDF5 with h5py and evaluates the Keras graph in NHWC, float64, with TensorFlow's 'same'
-padding and unfused BatchNorm; it shares no code with `pipeline.keras_convert`, so a wrong transpose, pad or fold in
+padding and unfused BatchNorm; it shares no code with `pipeline.modelprep.keras_convert`, so a wrong transpose, pad or fold in
 the converter shows up as a numeric mismatch.
 """
 
@@ -23,7 +23,7 @@ import onnx
 import pytest
 from numpy.lib.stride_tricks import sliding_window_view
 
-from pipeline.keras_convert import ConversionError, convert_keras_hdf5, load_keras_layers
+from pipeline.modelprep.keras_convert import ConversionError, convert_keras_hdf5, load_keras_layers
 
 ort = pytest.importorskip("onnxruntime")
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.credentials import export_credentials
-from pipeline.notify import Notifier
+from pipeline.config.credentials import export_credentials
+from pipeline.service.notify import Notifier
 from tests.conftest import ROOT
 from tests.running_daemon import NotifyListener, RunningDaemon, clip, daemons, wait_until, write_config  # noqa: F401
 
@@ -158,11 +158,11 @@ def test_wedged_worker_withholds_the_watchdog(prepared_models: None, tmp_path: P
     import threading
     import time
 
-    import pipeline.status
-    from pipeline.config import load_config
-    from pipeline.daemon import Daemon
+    import pipeline.service.status
+    from pipeline.config.app import load_config
+    from pipeline.service.daemon import Daemon
 
-    monkeypatch.setattr(pipeline.status, "WORKER_STALE_S", 1.0)
+    monkeypatch.setattr(pipeline.service.status, "WORKER_STALE_S", 1.0)
     listener = NotifyListener(tmp_path / "notify.sock")
     config = write_config(tmp_path / "config.yaml", [f"{{name: lobby, source: '{clip()}', fps: 10, loop: true}}"],
                           outputs="[]")

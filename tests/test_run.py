@@ -106,14 +106,14 @@ def test_corrupt_model_at_run_exits_3_naming_file(tmp_path: Path) -> None:
     (models / "broken.onnx").write_bytes(b"not an onnx file")
     config = _config(tmp_path, "  - {name: lobby, source: demo}")
     code = (
-        "import sys, pipeline.manifest as m, pipeline.models as mm\n"
+        "import sys, pipeline.modelprep.manifest as m, pipeline.modelprep.prepare as mm\n"
         f"m.MODELS_DIR = mm.MODELS_DIR = __import__('pathlib').Path({str(models)!r})\n"
         "import shutil, pathlib\n"
         f"for p in pathlib.Path({str(ROOT / 'models')!r}).glob('*.yaml'): shutil.copy(p, m.MODELS_DIR)\n"
         "man = m.load_manifest('retinaface_mnet025')\n"
         "man.file_for('fp32').write_bytes(b'garbage')\n"
         "man.sidecar_for('fp32').write_text('{\"sha256\": \"0\"}')\n"
-        "from pipeline.cli import main\n"
+        "from pipeline.tools.cli import main\n"
         f"sys.exit(main(['run', '--config', {str(config)!r}, '--duration', '1']))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)

@@ -20,13 +20,13 @@ import pytest
 from aiohttp import web
 from pythonosc import dispatcher, osc_bundle, osc_packet, osc_server
 
-from pipeline.behavior import BehaviorMapper
-from pipeline.config import BehaviorConfig, OscOutput, WebhookOutput
-from pipeline.events import Event, camera_event, command_event, observation_event
-from pipeline.sinks.base import EventBus, create_sink
-from pipeline.sinks.osc import VMC_APPLY, VMC_VAL, VRM_PRESETS, OscSink
-from pipeline.sinks.webhook import WebhookSink
-from pipeline.types import CameraEvent
+from pipeline.behavior.mapper import BehaviorMapper
+from pipeline.config.app import BehaviorConfig, OscOutput, WebhookOutput
+from pipeline.outputs.events import Event, camera_event, command_event, observation_event
+from pipeline.outputs.base import EventBus, create_sink
+from pipeline.outputs.osc import VMC_APPLY, VMC_VAL, VRM_PRESETS, OscSink
+from pipeline.outputs.webhook import WebhookSink
+from pipeline.core.types import CameraEvent
 from tests.conftest import data_path, run_cli
 from tests.test_behavior import observation, result, square
 

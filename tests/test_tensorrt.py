@@ -29,9 +29,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for `python tests/test_tensorrt.py`
 
-from pipeline.backends.base import BackendError  # noqa: E402
-from pipeline.cuda_util import pycuda_problem  # noqa: E402
-from pipeline.engine_build import (  # noqa: E402
+from pipeline.inference.backend import BackendError  # noqa: E402
+from pipeline.inference.gpu.cuda import pycuda_problem  # noqa: E402
+from pipeline.inference.gpu.engine_build import (  # noqa: E402
     EngineKey,
     TrtMessages,
     build_command,
@@ -48,7 +48,7 @@ from pipeline.engine_build import (  # noqa: E402
 )
 
 GPU_PACKAGES_MISSING = tensorrt_problem() is not None or pycuda_problem() is not None
-MYPY_FILES = ["pipeline/backends/tensorrt.py", "pipeline/engine_build.py", "pipeline/cuda_util.py"]
+MYPY_FILES = ["pipeline/inference/gpu/tensorrt.py", "pipeline/inference/gpu/engine_build.py", "pipeline/inference/gpu/cuda.py"]
 
 
 def _key(**changes: object) -> EngineKey:
@@ -93,9 +93,9 @@ def test_run_with_tensorrt_backend_without_tensorrt_exits_3(prepared_models: Non
 
 @pytest.mark.skipif(not GPU_PACKAGES_MISSING, reason="tensorrt and pycuda are installed here")
 def test_missing_packages_are_a_backend_error_naming_them() -> None:
-    from pipeline.backends.base import create_backend
-    from pipeline.config import InferenceConfig
-    from pipeline.manifest import load_manifest
+    from pipeline.inference.backend import create_backend
+    from pipeline.config.app import InferenceConfig
+    from pipeline.modelprep.manifest import load_manifest
 
     with pytest.raises(BackendError, match="requirements-gpu.txt") as caught:
         require_gpu_packages()
@@ -341,7 +341,7 @@ def test_mypy_really_checks_tensorrt_calls(trt_stub_dir: Path, tmp_path: Path) -
 def gpu() -> Iterator[object]:
     if GPU_PACKAGES_MISSING:
         pytest.skip(f"TensorRT backend not usable here: {tensorrt_problem() or pycuda_problem()}")
-    from pipeline.cuda_util import CudaDevice
+    from pipeline.inference.gpu.cuda import CudaDevice
 
     try:
         device = CudaDevice(0)
@@ -371,10 +371,10 @@ def _reference(path: Path, batch: np.ndarray) -> list[np.ndarray]:
 
 
 def _backend(precision: str, engines: Path, **options: object):  # type: ignore[no-untyped-def]
-    from pipeline.backends.tensorrt import TensorRTBackend
-    from pipeline.config import InferenceConfig
-    from pipeline.manifest import load_manifest
-    from pipeline.models import ensure_model
+    from pipeline.inference.gpu.tensorrt import TensorRTBackend
+    from pipeline.config.app import InferenceConfig
+    from pipeline.modelprep.manifest import load_manifest
+    from pipeline.modelprep.prepare import ensure_model
 
     manifest = load_manifest("mini_xception_fer2013")
     path = ensure_model(manifest, precision)  # type: ignore[arg-type]
@@ -452,10 +452,10 @@ def test_corrupt_engine_error_quotes_tensorrt(gpu: object, engines: Path) -> Non
 
 @pytest.mark.tensorrt
 def test_detector_engine_is_built_for_the_configured_size(gpu: object, engines: Path) -> None:
-    from pipeline.backends.tensorrt import TensorRTBackend
-    from pipeline.config import InferenceConfig
-    from pipeline.manifest import load_manifest
-    from pipeline.models import ensure_model
+    from pipeline.inference.gpu.tensorrt import TensorRTBackend
+    from pipeline.config.app import InferenceConfig
+    from pipeline.modelprep.manifest import load_manifest
+    from pipeline.modelprep.prepare import ensure_model
 
     manifest = load_manifest("retinaface_mnet025")
     path = ensure_model(manifest, "fp32")

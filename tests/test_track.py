@@ -1,12 +1,12 @@
-"""IoU tracking and per-track smoothing (pipeline/track.py), driven by hand-built detections and a fake clock."""
+"""IoU tracking and per-track smoothing (pipeline/vision/track.py), driven by hand-built detections and a fake clock."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pipeline.track import IouTracker, iou_matrix
-from pipeline.types import Detection, EmotionScores
+from pipeline.vision.track import IouTracker, iou_matrix
+from pipeline.core.types import Detection, EmotionScores
 
 FPS = 30.0
 DT = 1.0 / FPS

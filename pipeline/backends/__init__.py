@@ -1,1 +1,0 @@
-"""Inference backends, chosen by `inference.backend` through the registry in base.py."""

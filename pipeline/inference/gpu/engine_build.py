@@ -1,0 +1,504 @@
+"""build-engine: turn a prepared ONNX file into a TensorRT engine, cached in `engines/` with a JSON sidecar.
+
+Written against the TensorRT Python API that exists in both TensorRT 10.x and 11.x, and checked with mypy against
+tensorrt-stubs (tests/mypy-tensorrt.ini); it could not be run on the machines it was written on (no TensorRT there).
+
+Precision is a property of the ONNX file (prepare-models writes fp32, fp16 and int8-QDQ variants), so the network is
+parsed *strongly typed* and no precision builder flag is set: TensorRT 11 removed `BuilderFlag.FP16/INT8`,
+`int8_calibrator`, `max_workspace_size` and `platform_has_fast_fp16`, and networks are always explicit-batch since 10
+(`EXPLICIT_BATCH` is ignored in 10 and gone from the 11 bindings, so it is not passed).
+
+An engine is only valid for the GPU (name and compute capability), the TensorRT version, the exact ONNX file
+(sha256), the precision, the batch range and, for the detector, the input size it was built for. All of these go into
+its file name and its sidecar; `sidecar_mismatches` compares a sidecar with what is running, and a mismatch means
+rebuild (or, when building is not allowed, a BackendError that prints the exact build-engine command).
+
+`tensorrt` is imported only inside functions: this module imports (and its pure parts are tested) without it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pipeline.inference.backend import BackendError
+from pipeline.inference.gpu.cuda import GPU_REQUIREMENTS, CudaDevice, pycuda_problem
+from pipeline.modelprep.manifest import ModelManifest
+from pipeline.modelprep.prepare import sha256_of
+
+if TYPE_CHECKING:
+    import tensorrt as trt
+
+log = logging.getLogger(__name__)
+
+ENGINES_DIR = Path(__file__).resolve().parents[3] / "engines"
+TIMING_CACHE_NAME = "timing.cache"
+SIDECAR_FORMAT = 1
+DEFAULT_WORKSPACE_BYTES = 1 << 30  # builder scratch memory; these models need far less, big tactics may want it
+
+# The fields an engine must match, in the order mismatches are reported, with the words used to report them.
+KEY_FIELDS: dict[str, str] = {
+    "model": "model",
+    "model_sha256": "model sha256",
+    "precision": "precision",
+    "max_batch": "max batch",
+    "input_size": "input size (width, height)",
+    "gpu": "GPU",
+    "compute_capability": "compute capability",
+    "tensorrt": "TensorRT version",
+}
+
+
+# ---------------------------------------------------------------- what an engine is built for (pure)
+
+
+@dataclass(frozen=True)
+class EngineKey:
+    """Everything an engine depends on. Two keys are equal exactly when one engine serves both."""
+
+    model: str
+    model_sha256: str
+    precision: str
+    max_batch: int
+    input_size: tuple[int, int]  # width, height
+    gpu: str
+    compute_capability: str  # "9.0"
+    tensorrt: str  # "10.13.0.35"
+
+    def to_dict(self) -> dict[str, object]:
+        return {"model": self.model, "model_sha256": self.model_sha256, "precision": self.precision,
+                "max_batch": self.max_batch, "input_size": [int(self.input_size[0]), int(self.input_size[1])],
+                "gpu": self.gpu, "compute_capability": self.compute_capability, "tensorrt": self.tensorrt}
+
+
+def sanitise(text: str) -> str:
+    """A file-name-safe, lower-case form: 'NVIDIA H200 NVL' -> 'nvidia-h200-nvl' (keeps . and _)."""
+    return re.sub(r"[^a-z0-9._]+", "-", text.lower()).strip("-._") or "unknown"
+
+
+def engine_stem(key: EngineKey) -> str:
+    """Deterministic name of the engine (without extension); encodes every field of the key but the full hash."""
+    width, height = key.input_size
+    cc = key.compute_capability.replace(".", "")
+    return (f"{sanitise(key.model)}.{key.model_sha256[:12]}.{sanitise(key.precision)}.b{key.max_batch}."
+            f"{width}x{height}.{sanitise(key.gpu)}.sm{cc}.trt{sanitise(key.tensorrt)}")
+
+
+def engine_path(key: EngineKey, engines_dir: Path = ENGINES_DIR) -> Path:
+    return engines_dir / f"{engine_stem(key)}.engine"
+
+
+def sidecar_path(engine: Path) -> Path:
+    return engine.with_suffix(".json")
+
+
+def _normalise(value: object) -> object:
+    if isinstance(value, (list, tuple)):
+        return [_normalise(v) for v in value]
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, (int, float)) and float(value).is_integer():
+        return int(value)
+    return value
+
+
+def sidecar_mismatches(sidecar: Mapping[str, object], running: Mapping[str, object]) -> list[str]:
+    """Why an engine with this sidecar cannot serve `running` (an `EngineKey.to_dict()`); [] when it can.
+
+    Pure: compares the GPU, compute capability, TensorRT version, model sha256, precision, max batch and input size.
+    """
+    problems: list[str] = []
+    if sidecar.get("format") not in (None, SIDECAR_FORMAT):
+        problems.append(f"sidecar format {sidecar.get('format')!r} (expected {SIDECAR_FORMAT})")
+    for field, words in KEY_FIELDS.items():
+        if field not in running:
+            continue
+        if field not in sidecar:
+            problems.append(f"{words}: not recorded in the sidecar")
+            continue
+        have, want = _normalise(sidecar[field]), _normalise(running[field])
+        if have != want:
+            problems.append(f"{words}: engine built for {_show(have)}, running {_show(want)}")
+    return problems
+
+
+def _show(value: object) -> str:
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return f"{value[0]}x{value[1]}"
+    return str(value)
+
+
+def read_sidecar(path: Path) -> dict[str, object] | None:
+    """The sidecar's content; None when it is missing or unreadable."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def build_command(key: EngineKey, fixed_size: bool) -> str:
+    """The exact command that builds the engine `key` names (what an operator should run)."""
+    command = (f"python run_pipeline.py build-engine --model {key.model} --precision {key.precision} "
+               f"--max-batch {key.max_batch}")
+    if not fixed_size:
+        command += f" --input-size {key.input_size[0]}x{key.input_size[1]}"
+    return command
+
+
+def input_channels(manifest: ModelManifest) -> int:
+    return 1 if manifest.input.color == "gray" else 3
+
+
+def profile_shapes(name: str, network_shape: Sequence[int], input_size: tuple[int, int], channels: int,
+                   max_batch: int, opt_batch: int | None = None) -> tuple[tuple[int, ...], ...]:
+    """(min, opt, max) shapes of the uint8 NHWC input: batch 1 | opt | max_batch, height and width fixed.
+
+    Dimensions the ONNX fixes must agree with the manifest and config; dynamic ones (-1) are filled in.
+    """
+    if len(network_shape) != 4:
+        raise BackendError(f"input {name!r} has shape {tuple(network_shape)}; prepared models take [batch, H, W, C]")
+    width, height = input_size
+    opt = max_batch if opt_batch is None else opt_batch
+    if not 1 <= opt <= max_batch:
+        raise BackendError(f"opt batch {opt} is outside 1..{max_batch}")
+    wanted = (height, width, channels)
+    for axis, (have, want) in enumerate(zip(network_shape[1:], wanted), start=1):
+        if have not in (-1, want):
+            raise BackendError(f"input {name!r} dimension {axis} is fixed to {have} in the ONNX file, but the "
+                               f"engine is asked for {want} (input size {width}x{height}, {channels} channel(s))")
+    if network_shape[0] != -1 and not network_shape[0] == max_batch == 1:
+        raise BackendError(f"input {name!r} has a fixed batch of {network_shape[0]}; prepared models have a dynamic "
+                           "batch dimension")
+    return tuple((batch, height, width, channels) for batch in (1, opt, max_batch))
+
+
+# ---------------------------------------------------------------- TensorRT: availability, logger, progress
+
+
+def tensorrt_problem() -> str | None:
+    """Why the `tensorrt` package cannot be used here (None when it can).
+
+    `tensorrt-stubs` alone installs a `tensorrt/` folder of .pyi files that imports as an empty namespace package,
+    so a successful import is not enough: the real module has `__version__` and `Builder`.
+    """
+    try:
+        import tensorrt
+    except (ImportError, OSError) as exc:
+        return f"tensorrt cannot be imported ({exc})"
+    if not isinstance(getattr(tensorrt, "__version__", None), str) or not hasattr(tensorrt, "Builder"):
+        return "tensorrt is not installed (only its type stubs are)"
+    return None
+
+
+def require_gpu_packages() -> str:
+    """TensorRT's version, or BackendError naming each missing package and how to install it."""
+    problems = [p for p in (tensorrt_problem(), pycuda_problem()) if p is not None]
+    if problems:
+        raise BackendError(f"the TensorRT backend and build-engine need tensorrt and pycuda: {'; '.join(problems)}; "
+                           f"{GPU_REQUIREMENTS}")
+    import tensorrt as trt
+
+    return trt.__version__
+
+
+class TrtMessages:
+    """TensorRT's log messages (WARNING and worse), kept so they can be quoted in errors, and forwarded to logging."""
+
+    def __init__(self, limit: int = 200) -> None:
+        self._messages: deque[str] = deque(maxlen=limit)
+        self._lock = threading.Lock()
+
+    def add(self, level: int, label: str, msg: str) -> None:
+        """`level` uses TensorRT's order: 0 internal error, 1 error, 2 warning, 3 info, 4 verbose."""
+        if level <= 2:
+            with self._lock:
+                self._messages.append(f"[{label}] {msg}")
+        if level <= 1:
+            log.error("TensorRT: %s", msg)
+        elif level == 2:
+            log.warning("TensorRT: %s", msg)
+        elif level == 3:
+            log.debug("TensorRT: %s", msg)
+
+    def messages(self) -> list[str]:
+        with self._lock:
+            return list(self._messages)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._messages.clear()
+
+    def tail(self, count: int = 6) -> str:
+        recent = self.messages()[-count:]
+        return " | ".join(recent) if recent else "TensorRT logged nothing"
+
+
+def make_logger(messages: TrtMessages) -> trt.ILogger:
+    """A `trt.ILogger` that hands every message to `messages` (TensorRT calls it from its own threads)."""
+    import tensorrt as trt
+
+    severity = trt.ILogger.Severity
+    labels = {int(severity.INTERNAL_ERROR): "internal error", int(severity.ERROR): "error",
+              int(severity.WARNING): "warning", int(severity.INFO): "info", int(severity.VERBOSE): "verbose"}
+
+    class CollectingLogger(trt.ILogger):
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)  # the documented way to subclass the pybind11 interface
+
+        def log(self, severity: trt.ILogger.Severity, msg: str) -> None:
+            level = int(severity)
+            messages.add(level, labels.get(level, str(level)), msg)
+
+    return CollectingLogger()
+
+
+def make_progress_monitor(title: str) -> trt.IProgressMonitor:
+    """A `trt.IProgressMonitor` (TensorRT 10.0+ and 11) that logs build phases and, for top phases, every 25%."""
+    import tensorrt as trt
+
+    class BuildProgress(trt.IProgressMonitor):
+        def __init__(self) -> None:
+            trt.IProgressMonitor.__init__(self)
+            self._lock = threading.Lock()
+            self._depth: dict[str, int] = {}
+            self._steps: dict[str, int] = {}
+            self._reported: dict[str, int] = {}
+
+        def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
+            try:
+                with self._lock:
+                    depth = self._depth.get(parent_phase, -1) + 1 if parent_phase else 0
+                    self._depth[phase_name] = depth
+                    self._steps[phase_name] = max(1, int(num_steps))
+                    self._reported[phase_name] = 0
+                level = logging.INFO if depth <= 1 else logging.DEBUG
+                log.log(level, "%s: %s%s (%d step%s)", title, "  " * depth, phase_name, num_steps,
+                        "" if num_steps == 1 else "s")
+            except Exception:  # noqa: BLE001 - an exception must not propagate into TensorRT's build thread
+                log.debug("build progress report failed", exc_info=True)
+
+        def step_complete(self, phase_name: str, step: int) -> bool:
+            try:
+                with self._lock:
+                    depth, steps = self._depth.get(phase_name, 9), self._steps.get(phase_name, 1)
+                    quarter = (step + 1) * 4 // steps
+                    report = depth == 0 and steps >= 4 and quarter > self._reported.get(phase_name, 0)
+                    if report:
+                        self._reported[phase_name] = quarter
+                if report:
+                    log.info("%s: %s %d%%", title, phase_name, min(100, quarter * 25))
+            except Exception:  # noqa: BLE001 - as in phase_start
+                log.debug("build progress report failed", exc_info=True)
+            return True  # False would cancel the build
+
+        def phase_finish(self, phase_name: str) -> None:
+            try:
+                with self._lock:
+                    depth = self._depth.pop(phase_name, 9)
+                    self._steps.pop(phase_name, None)
+                    self._reported.pop(phase_name, None)
+                if depth == 0:
+                    log.info("%s: %s done", title, phase_name)
+            except Exception:  # noqa: BLE001 - as in phase_start
+                log.debug("build progress report failed", exc_info=True)
+
+    return BuildProgress()
+
+
+def dims_tuple(dims: trt.Dims) -> tuple[int, ...]:
+    return tuple(int(dims[i]) for i in range(len(dims)))
+
+
+def numpy_dtype(dtype: trt.DataType) -> np.dtype[Any]:
+    """numpy's dtype for a TensorRT I/O data type (the types prepared models use)."""
+    import tensorrt as trt
+
+    table = {trt.DataType.FLOAT: np.float32, trt.DataType.HALF: np.float16, trt.DataType.INT8: np.int8,
+             trt.DataType.INT32: np.int32, trt.DataType.INT64: np.int64, trt.DataType.UINT8: np.uint8,
+             trt.DataType.BOOL: np.bool_}
+    if dtype not in table:
+        raise BackendError(f"TensorRT data type {dtype} has no numpy equivalent for I/O")
+    return np.dtype(table[dtype])
+
+
+# ---------------------------------------------------------------- building
+
+
+def _write_atomically(path: Path, data: bytes | memoryview) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _timing_cache(config: trt.IBuilderConfig, path: Path) -> trt.ITimingCache:
+    """Attach the persistent timing cache (a fresh one if there is none or it belongs to another GPU/TensorRT)."""
+    data = b""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("cannot read timing cache %s (%s); starting a new one", path, exc)
+    cache = config.create_timing_cache(data)
+    if config.set_timing_cache(cache, ignore_mismatch=False):
+        if data:
+            log.info("using timing cache %s (%d KB)", path.name, len(data) // 1024)
+        return cache
+    log.warning("timing cache %s was made on another GPU or TensorRT version; starting a new one", path.name)
+    cache = config.create_timing_cache(b"")
+    if not config.set_timing_cache(cache, ignore_mismatch=False):
+        raise BackendError("TensorRT refused an empty timing cache")
+    return cache
+
+
+@dataclass
+class BuildResult:
+    engine: Path
+    sidecar: dict[str, object]
+    built: bool  # False: a matching engine existed already
+
+
+def build_engine(key: EngineKey, onnx_path: Path, channels: int, *, engines_dir: Path = ENGINES_DIR,
+                 workspace_bytes: int = DEFAULT_WORKSPACE_BYTES, opt_batch: int | None = None) -> BuildResult:
+    """Parse `onnx_path` strongly typed, build with one optimisation profile, write engine + sidecar."""
+    import tensorrt as trt
+
+    if trt.__version__ != key.tensorrt:
+        raise BackendError(f"key names TensorRT {key.tensorrt}, running {trt.__version__}")
+    engines_dir.mkdir(parents=True, exist_ok=True)
+    target = engine_path(key, engines_dir)
+    title = f"build {key.model} {key.precision}"
+    messages = TrtMessages()
+    logger = make_logger(messages)
+    builder = trt.Builder(logger)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+        details = " | ".join(errors) or messages.tail()
+        raise BackendError(f"{key.model}: TensorRT cannot parse {onnx_path.name}: {details}")
+
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_bytes))
+    profile = builder.create_optimization_profile()
+    shapes: dict[str, list[list[int]]] = {}
+    for index in range(network.num_inputs):
+        tensor = network.get_input(index)
+        low, opt, high = profile_shapes(tensor.name, dims_tuple(tensor.shape), key.input_size, channels,
+                                        key.max_batch, opt_batch)
+        profile.set_shape(tensor.name, trt.Dims(list(low)), trt.Dims(list(opt)), trt.Dims(list(high)))
+        shapes[tensor.name] = [list(low), list(opt), list(high)]
+    if config.add_optimization_profile(profile) < 0:
+        raise BackendError(f"{key.model}: TensorRT rejected the optimisation profile {shapes}: {messages.tail()}")
+
+    cache_path = engines_dir / TIMING_CACHE_NAME
+    _timing_cache(config, cache_path)
+    monitor = make_progress_monitor(title)  # must outlive the build: keep the reference until it returns
+    config.progress_monitor = monitor
+
+    log.info("%s: building %s for %s (TensorRT %s, batch 1..%d, input %dx%d); this takes a while",
+             title, onnx_path.name, key.gpu, key.tensorrt, key.max_batch, *key.input_size)
+    started = time.monotonic()
+    serialized = builder.build_serialized_network(network, config)
+    seconds = time.monotonic() - started
+    if serialized is None or serialized.nbytes == 0:
+        raise BackendError(f"{key.model}: TensorRT could not build an engine from {onnx_path.name}: {messages.tail()}")
+    _write_atomically(target, memoryview(serialized))
+    try:
+        _write_atomically(cache_path, memoryview(config.get_timing_cache().serialize()))
+    except OSError as exc:  # the engine is fine without it
+        log.warning("could not save the timing cache %s: %s", cache_path, exc)
+    del monitor
+
+    sidecar: dict[str, object] = {"format": SIDECAR_FORMAT, **key.to_dict(), "onnx_file": onnx_path.name,
+                                  "profile": shapes, "workspace_bytes": int(workspace_bytes),
+                                  "engine_bytes": int(serialized.nbytes),
+                                  "built_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                                  "build_seconds": round(seconds, 1)}
+    _write_atomically(sidecar_path(target), (json.dumps(sidecar, indent=2) + "\n").encode())
+    log.info("%s: wrote %s (%.1f MB) in %.0f s", title, target.name, serialized.nbytes / 1e6, seconds)
+    return BuildResult(target, sidecar, built=True)
+
+
+def _why_missing(key: EngineKey, engines_dir: Path) -> str:
+    """For an engine that does not exist: what the nearest existing one (same model and precision) differs in."""
+    pattern = f"{sanitise(key.model)}.*.{sanitise(key.precision)}.*.json"
+    candidates = sorted(engines_dir.glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True)
+    for candidate in candidates:
+        data = read_sidecar(candidate)
+        if data is not None and data.get("model") == key.model:
+            differences = sidecar_mismatches(data, key.to_dict())
+            if differences:
+                return f"no engine for this setup (existing {candidate.with_suffix('.engine').name}: " \
+                       f"{'; '.join(differences)})"
+    return f"no engine {engine_path(key, engines_dir).name} yet"
+
+
+def check_engine(key: EngineKey, engines_dir: Path = ENGINES_DIR) -> tuple[Path, str | None]:
+    """The engine path for `key` and why it cannot be used as is (None when it is there and matches)."""
+    target = engine_path(key, engines_dir)
+    if not target.is_file():
+        return target, _why_missing(key, engines_dir)
+    data = read_sidecar(sidecar_path(target))
+    if data is None:
+        return target, f"{sidecar_path(target).name} is missing or unreadable"
+    problems = sidecar_mismatches(data, key.to_dict())
+    return target, ("; ".join(problems) if problems else None)
+
+
+def ensure_engine(key: EngineKey, onnx_path: Path, channels: int, *, fixed_size: bool, no_build: bool = False,
+                  force: bool = False, engines_dir: Path = ENGINES_DIR,
+                  workspace_bytes: int = DEFAULT_WORKSPACE_BYTES) -> BuildResult:
+    """A matching engine for `key`: the cached one, or a fresh build (logging why), or BackendError if no_build."""
+    target, problem = check_engine(key, engines_dir)
+    if problem is None and not force:
+        return BuildResult(target, read_sidecar(sidecar_path(target)) or {}, built=False)
+    reason = "rebuild requested (--force)" if problem is None else problem
+    if no_build:
+        raise BackendError(f"{key.model}: TensorRT engine not usable: {reason}. Build it with: "
+                           f"{build_command(key, fixed_size)}")
+    log.info("%s %s: building a TensorRT engine: %s", key.model, key.precision, reason)
+    return build_engine(key, onnx_path, channels, engines_dir=engines_dir, workspace_bytes=workspace_bytes)
+
+
+def engine_key(manifest: ModelManifest, onnx_path: Path, precision: str, max_batch: int,
+               input_size: tuple[int, int] | None, device: CudaDevice, tensorrt_version: str) -> EngineKey:
+    """The key for this model on this GPU; the input size is the manifest's when fixed, else `input_size`."""
+    size = manifest.input.size or input_size
+    if size is None:
+        raise BackendError(f"{manifest.name}: its input size is set by the config (detector.input_size), "
+                           "and none was given")
+    return EngineKey(manifest.name, sha256_of(onnx_path), precision, int(max_batch),
+                     (int(size[0]), int(size[1])), device.name, device.compute_capability, tensorrt_version)
+
+
+def build_for_cli(manifest: ModelManifest, onnx_path: Path, precision: str, max_batch: int,
+                  input_size: tuple[int, int] | None, *, force: bool = False,
+                  engines_dir: Path = ENGINES_DIR) -> BuildResult:
+    """What `run_pipeline.py build-engine` does for one model."""
+    version = require_gpu_packages()
+    device = CudaDevice(0)
+    try:
+        key = engine_key(manifest, onnx_path, precision, max_batch, input_size, device, version)
+        with device.active():
+            return ensure_engine(key, onnx_path, input_channels(manifest), fixed_size=manifest.input.size is not None,
+                                 force=force, engines_dir=engines_dir)
+    finally:
+        device.close()

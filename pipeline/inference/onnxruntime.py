@@ -1,0 +1,184 @@
+"""ONNX Runtime backend: CPU everywhere, CUDA or ONNX Runtime's TensorRT provider where those runtimes exist.
+
+One InferenceSession serves every lane: `InferenceSession.run` is thread-safe, so K lanes are K batches in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pipeline.inference.backend import Backend, BackendError, TensorSpec
+from pipeline.config.app import InferenceConfig
+from pipeline.modelprep.manifest import ModelManifest
+
+if TYPE_CHECKING:
+    from pipeline.inference.gpu.cuda_lane import CudaLane
+
+log = logging.getLogger(__name__)
+
+ENGINES_DIR = Path(__file__).resolve().parents[2] / "engines"
+
+_ORT_TYPES = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(uint8)": np.uint8,
+    "tensor(int8)": np.int8,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+}
+
+
+def _providers(device: str, model_name: str, precision: str) -> list[str | tuple[str, dict[str, str]]]:
+    """The provider list for `inference.device`; each asks for the runtime it needs by package name."""
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    if device == "cuda":
+        return [("CUDAExecutionProvider", {"cudnn_conv_algo_search": "HEURISTIC"}), "CPUExecutionProvider"]
+    cache = ENGINES_DIR / "ort-trt" / f"{model_name}.{precision}"
+    cache.mkdir(parents=True, exist_ok=True)
+    options = {"trt_engine_cache_enable": "True", "trt_engine_cache_path": str(cache),
+               "trt_timing_cache_enable": "True", "trt_timing_cache_path": str(cache)}
+    return [("TensorrtExecutionProvider", options), "CUDAExecutionProvider", "CPUExecutionProvider"]
+
+
+_NEEDS = {
+    "cuda": ("CUDAExecutionProvider", "onnxruntime-gpu (pip install -r requirements-gpu.txt) and the CUDA libraries"),
+    "tensorrt": ("TensorrtExecutionProvider", "onnxruntime-gpu and the TensorRT libraries (pip install tensorrt)"),
+}
+
+
+class OnnxRuntimeBackend(Backend):
+    """CPU: one session per lane. CUDA: one stream per lane, with a session per batch bucket (see cuda_lane)."""
+
+    name = "onnxruntime"
+
+    def __init__(self, sessions: list[Any], cfg: InferenceConfig, model_path: Path,
+                 lanes: list[CudaLane] | None = None) -> None:
+        first = sessions[0]
+        inputs = [_spec(i) for i in first.get_inputs()]
+        outputs = [_spec(o) for o in first.get_outputs()]
+        super().__init__(inputs, outputs, max_batch=cfg.max_batch, lanes=cfg.lanes)
+        self._sessions = sessions
+        self._cuda_lanes = lanes or []
+        self._output_names = [o.name for o in outputs]
+        self._device = cfg.device
+        self._precision = cfg.precision
+        self._model_path = model_path
+
+    @classmethod
+    def create(cls, cfg: InferenceConfig, model: ModelManifest, model_path: Path) -> OnnxRuntimeBackend:
+        ort = _import_ort()
+        if cfg.device in _NEEDS:
+            provider, package = _NEEDS[cfg.device]
+            if provider not in ort.get_available_providers():
+                raise BackendError(f"inference.device {cfg.device} needs {provider}, which this onnxruntime "
+                                   f"({ort.__version__}) lacks; install {package}")
+        if cfg.device != "cuda":
+            # One session per lane: concurrent runs of one session share its intra-op thread pool, so lanes
+            # would queue on it instead of running side by side (measured with bench pipeline on 2 cores).
+            providers = _providers(cfg.device, model.name, cfg.precision)
+            return cls([_session(ort, cfg, model, model_path, providers) for _ in range(cfg.lanes)], cfg, model_path)
+        from pipeline.inference.gpu.cuda_lane import CudaLane, create_stream, load_cudart
+
+        cudart = load_cudart()
+        # Names come from a CPU session: the CUDA sessions are made per lane and batch size (see cuda_lane).
+        probe = _session(ort, cfg, model, model_path, ["CPUExecutionProvider"])
+        input_name, outputs = probe.get_inputs()[0].name, [o.name for o in probe.get_outputs()]
+
+        # The CUDA provider barely uses CPU threads; the library default is one per core for every session
+        # (16 on the H200 machine), times lanes and padded sizes.
+        cuda_cfg = cfg.model_copy(update={"threads": cfg.threads or 1})
+        shared_arena = share_cuda_arena(ort)
+
+        def cuda_session(stream: int) -> Any:
+            options = {"user_compute_stream": str(stream), "cudnn_conv_algo_search": "HEURISTIC"}
+            return _session(ort, cuda_cfg, model, model_path, [("CUDAExecutionProvider", options)], shared_arena)
+
+        lanes = [CudaLane(cudart, cuda_session, create_stream(cudart), input_name, outputs, cfg.max_batch,
+                          cfg.batch_step) for _ in range(cfg.lanes)]
+        return cls([probe], cfg, model_path, lanes)
+
+    def staging(self, lane: int, batch: int, item_shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+        if not self._cuda_lanes:
+            return None
+        return self._cuda_lanes[lane].staging(batch, item_shape, dtype)
+
+    def warm_up(self, item_shape: tuple[int, ...], dtype: np.dtype, lane: int = 0) -> None:
+        if self._cuda_lanes:
+            self._cuda_lanes[lane].warm(item_shape, dtype)
+
+    def run(self, batch: dict[str, np.ndarray], lane: int = 0) -> dict[str, np.ndarray]:
+        if self._cuda_lanes:
+            return self._cuda_lanes[lane].run(batch[self.inputs[0].name])
+        values = self._sessions[lane].run(self._output_names, batch)
+        return dict(zip(self._output_names, values))
+
+    def describe(self) -> dict[str, str]:
+        providers = ["CUDAExecutionProvider"] if self._cuda_lanes else self._sessions[0].get_providers()
+        return {"backend": self.name, "device": self._device, "precision": self._precision,
+                "providers": ",".join(providers), "lanes": str(self.lanes), "file": self._model_path.name}
+
+    def close(self) -> None:
+        for lane in self._cuda_lanes:
+            lane.close()
+        self._cuda_lanes = []
+        self._sessions = []
+
+
+def _import_ort() -> Any:
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        raise BackendError("onnxruntime is not installed: pip install -r requirements.txt") from exc
+    return ort
+
+
+_SHARED_ARENAS: set[int] = set()  # CUDA devices whose arena is registered in ONNX Runtime's environment
+
+
+def share_cuda_arena(ort: Any, device_id: int = 0) -> bool:
+    """Register one CUDA memory arena in ONNX Runtime's process-wide environment, for every CUDA session to share.
+
+    Each lane keeps a session per padded batch size (see cuda_lane.py), and each session's own arena holds the
+    activations of its largest run for good. Measured on the H200 (BENCHMARKS.md, ort_cuda_probe): each extra
+    detector session took ~400 MB with its own arena, ~150 MB with the shared one. Where this ONNX Runtime cannot share (an old build), sessions keep their own
+    arenas: more memory, same results."""
+    if device_id in _SHARED_ARENAS:
+        return True
+    try:
+        memory = ort.OrtMemoryInfo("Cuda", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, device_id, ort.OrtMemType.DEFAULT)
+        arena = ort.OrtArenaCfg(0, 1, -1, -1)  # no cap, grow by what is asked (kSameAsRequested), default chunks
+        ort.create_and_register_allocator_v2("CUDAExecutionProvider", memory, {"device_id": str(device_id)}, arena)
+    except Exception as exc:  # noqa: BLE001 - pybind raises RuntimeError, TypeError or its own Fail types
+        log.warning("cannot share one CUDA memory arena between sessions (%s); each keeps its own", exc)
+        return False
+    _SHARED_ARENAS.add(device_id)
+    return True
+
+
+def _session(ort: Any, cfg: InferenceConfig, model: ModelManifest, model_path: Path,
+             providers: list[Any], shared_arena: bool = False) -> Any:
+    options = ort.SessionOptions()
+    if shared_arena:
+        options.add_session_config_entry("session.use_env_allocators", "1")
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if cfg.threads:
+        options.intra_op_num_threads = cfg.threads
+    # Idle intra-op threads would otherwise spin for a while after each run, burning the cores that capture and
+    # the other model need (measured: see BENCHMARKS.md, bench pipeline on 2 cores).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(model_path), options, providers=providers)
+    except Exception as exc:  # noqa: BLE001 - ORT raises several unrelated types for an unloadable model
+        raise BackendError(f"{model.name}: ONNX Runtime cannot load {model_path}: {exc}") from exc
+
+
+def _spec(arg: object) -> TensorSpec:
+    shape = tuple(d if isinstance(d, int) else -1 for d in arg.shape)  # type: ignore[attr-defined]
+    dtype = np.dtype(_ORT_TYPES.get(arg.type, np.float32))  # type: ignore[attr-defined]
+    return TensorSpec(arg.name, shape, dtype)  # type: ignore[attr-defined]

@@ -1,0 +1,83 @@
+"""The shared perception models: one detector and one emotion classifier, each behind a BatchedModel.
+
+Both the daemon (all cameras) and `analyze` build them here, so there is exactly one way to load a model.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.inference.backend import create_backend
+from pipeline.inference.batching import BatchedModel
+from pipeline.config.app import AppConfig, InferenceConfig
+from pipeline.vision.retinaface import FaceDetector
+from pipeline.inference.classifier import EmotionClassifier
+from pipeline.modelprep.manifest import ModelManifest, load_manifest
+from pipeline.modelprep.prepare import ensure_model
+from pipeline.core.types import Detection, EmotionScores
+
+log = logging.getLogger(__name__)
+
+RESULT_TIMEOUT_S = 10.0
+
+
+def load_batched_model(manifest: ModelManifest, cfg: InferenceConfig, auto_prepare: bool = True) -> BatchedModel:
+    """Prepare (if needed), verify and load one model, wrapped in its dynamic batcher."""
+    precision = manifest.effective_precision(cfg.precision)
+    if precision != cfg.precision:
+        log.warning("%s: %s refused (%s); running it in %s", manifest.name, cfg.precision,
+                    manifest.refused_precisions[cfg.precision], precision)
+        cfg = cfg.model_copy(update={"precision": precision})
+    path = ensure_model(manifest, precision, auto_prepare=auto_prepare)
+    backend = create_backend(cfg, manifest, path)
+    log.info("%s: %s", manifest.name, ", ".join(f"{k}={v}" for k, v in backend.describe().items()))
+    return BatchedModel(backend, manifest.name, cfg.max_batch, cfg.max_delay_ms, cfg.queue_size)
+
+
+@dataclass
+class Perception:
+    """The shared models, used by every camera worker and by `analyze`."""
+
+    detector: FaceDetector
+    classifier: EmotionClassifier
+
+    @classmethod
+    def from_config(cls, cfg: AppConfig, auto_prepare: bool = True) -> Perception:
+        det_manifest = load_manifest(cfg.detector.model)
+        emo_manifest = load_manifest(cfg.emotion.model)
+        detector_model = load_batched_model(det_manifest, cfg.inference, auto_prepare)
+        emotion_model = load_batched_model(emo_manifest, cfg.inference, auto_prepare)
+        return cls(FaceDetector(detector_model, cfg.detector),
+                   EmotionClassifier(emotion_model, emo_manifest, cfg.emotion.crop, cfg.emotion.box_margin))
+
+    def warm_up(self) -> None:
+        """One run of each model, so the first camera frame does not pay for lazy initialisation."""
+        width, height = self.detector.input_size
+        self.detector.model.warm_up((height, width, 3), np.dtype(np.uint8))
+        w, h = self.classifier.size
+        channels = 1 if self.classifier.gray else 3
+        self.classifier.model.warm_up((h, w, channels), np.dtype(np.uint8))
+        self.detector.detect(np.zeros((height, width, 3), np.uint8), RESULT_TIMEOUT_S)
+        self.classifier.classify([self.classifier.crop_from_still(np.zeros((h, w, 3), np.uint8))], RESULT_TIMEOUT_S)
+
+    def close(self) -> None:
+        self.detector.model.close()
+        self.classifier.model.close()
+
+    def analyze(self, image: np.ndarray) -> tuple[list[Detection], list[EmotionScores], dict[str, float]]:
+        """Faces and their emotions in one BGR image, with per-stage times in ms (queue time included)."""
+        t0 = time.monotonic()
+        faces = self.detector.detect(image, RESULT_TIMEOUT_S)
+        t1 = time.monotonic()
+        crops = [self.classifier.face_crop(image, face) for face in faces]
+        t2 = time.monotonic()
+        scores = self.classifier.classify(crops, RESULT_TIMEOUT_S) if crops else []
+        t3 = time.monotonic()
+        timings = {"detect": (t1 - t0) * 1e3, "crop": (t2 - t1) * 1e3, "emotion": (t3 - t2) * 1e3}
+        return faces, scores, timings
+
+

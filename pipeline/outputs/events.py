@@ -1,0 +1,64 @@
+"""The JSON events of SPEC.md: observation, command, camera. One function per event type, nothing else."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pipeline.core.redact import mask_secrets
+from pipeline.core.types import CameraEvent, Command, FaceResult, Observation
+
+Event = dict[str, Any]
+
+
+def face_json(face: FaceResult, with_track: bool = True) -> dict[str, Any]:
+    det = face.detection
+    out: dict[str, Any] = {}
+    if with_track and face.track_id is not None:
+        out["track_id"] = face.track_id
+    out.update({
+        "box": [round(v, 1) for v in det.box],
+        "score": round(det.score, 4),
+        "landmarks": [[round(float(x), 1), round(float(y), 1)] for x, y in det.landmarks],
+        "emotion": face.scores.emotion,
+        "confidence": round(face.scores.confidence, 4),
+        "probs": face.scores.as_dict(),
+    })
+    if face.smoothed is not None:
+        out["smoothed"] = {"emotion": face.smoothed.emotion, "confidence": round(face.smoothed.confidence, 4)}
+    return out
+
+
+def observation_event(obs: Observation) -> Event:
+    latency = dict(obs.latency_ms)
+    latency["total"] = round((time.monotonic() - obs.t_mono) * 1000.0, 1)
+    return {
+        "type": "observation",
+        "camera": obs.camera,
+        "ts": round(obs.t_wall, 3),
+        "frame": obs.frame_index,
+        "latency_ms": {k: round(v, 1) for k, v in latency.items()},
+        "faces": [face_json(f) for f in obs.faces],
+    }
+
+
+def command_event(cmd: Command) -> Event:
+    return {
+        "type": "command",
+        "camera": cmd.camera,
+        "ts": round(time.time(), 3),
+        "target": cmd.target,
+        "emotion": cmd.emotion,
+        "confidence": cmd.confidence,
+        "reason": cmd.reason,
+        "expression": {"preset": cmd.expression.preset, "weight": cmd.expression.weight,
+                       "blend_ms": cmd.expression.blend_ms},
+        "tone": {"style": cmd.tone.style, "style_degree": cmd.tone.style_degree, "pitch": cmd.tone.pitch,
+                 "rate": cmd.tone.rate, "volume": cmd.tone.volume},
+        "latency_ms": {"total": round((time.monotonic() - cmd.t_mono) * 1000.0, 1)} if cmd.t_mono else {},
+    }
+
+
+def camera_event(event: CameraEvent) -> Event:
+    return {"type": "camera", "camera": event.camera, "ts": round(event.ts, 3), "state": event.state,
+            "detail": mask_secrets(event.detail)}

@@ -1,0 +1,120 @@
+"""Events over OSC/UDP (python-osc), for avatar apps: the VMC protocol, or a plain per-camera address scheme.
+
+`protocol: vmc` (commands only; anything else is ignored). Each command is ONE OSC bundle (timetag "immediately"):
+
+    /VMC/Ext/Blend/Val  (name: str, value: float)     one per known preset, in a fixed order; the command's
+                                                      preset at its weight, every other preset at 0.0
+    /VMC/Ext/Blend/Apply ()                           once, last
+
+The known presets are the VRM 1.0 ones (happy, angry, sad, relaxed, surprised, neutral), then the custom names of the
+configured rules (passed in as `presets` by whoever wires the outputs), then `osc.presets` from the config, then any
+other preset a command has carried since start. So whatever this sink ever set is reset to 0 by the next command.
+
+`protocol: plain`: separate OSC messages (no bundles), `<camera>` being the camera name ([a-z0-9_-]):
+
+    /emotion/<camera>/command (emotion: str, confidence: float, preset: str, weight: float)      per command
+    /emotion/<camera>/tone    (style: str, style_degree: float, pitch: str, rate: str, volume: str)  after it
+    /emotion/<camera>/faces   (count: int)                                                 per observation
+    /emotion/<camera>/top     (emotion: str, confidence: float)   after .../faces when count > 0: the largest face's
+                                                                  smoothed emotion (raw when it has none)
+    /emotion/<camera>/state   (state: str)                        per camera event (streaming, reconnecting, …)
+
+Floats are OSC 32-bit floats. UDP has no delivery guarantee and no back-pressure: a send that fails (host
+unresolvable, network down) counts as a failed event and is logged, it never blocks the pipeline.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from pythonosc import osc_bundle_builder, udp_client
+from pythonosc.osc_message_builder import OscMessageBuilder
+
+from pipeline.outputs.events import Event
+from pipeline.outputs.base import Sink
+
+log = logging.getLogger(__name__)
+
+VRM_PRESETS: tuple[str, ...] = ("happy", "angry", "sad", "relaxed", "surprised", "neutral")
+"""The VRM 1.0 emotion expression presets, in the order they are sent."""
+
+VMC_VAL = "/VMC/Ext/Blend/Val"
+VMC_APPLY = "/VMC/Ext/Blend/Apply"
+
+
+def _message(address: str, *args: Any) -> Any:
+    builder = OscMessageBuilder(address=address)
+    for arg in args:
+        builder.add_arg(arg)
+    return builder.build()
+
+
+class OscSink(Sink):
+    type_name = "osc"
+
+    def __init__(self, cfg: Any, queue_size: int | None = None, presets: Iterable[str] = ()) -> None:
+        """`presets`: custom expression names used by the behaviour rules (reset to 0 in every VMC bundle)."""
+        super().__init__(cfg, cfg.queue_size if queue_size is None else queue_size)
+        names = [*VRM_PRESETS, *presets, *getattr(cfg, "presets", ())]
+        self.presets: dict[str, None] = dict.fromkeys(names)  # an ordered set
+        self._client: udp_client.SimpleUDPClient | None = None
+
+    def open(self) -> None:
+        try:
+            self._connect()
+        except OSError as exc:  # e.g. a host name that does not resolve yet: retried at each event
+            log.warning("output osc: cannot reach %s:%d yet (%s); retrying with each event", self.cfg.host,
+                        self.cfg.port, exc)
+
+    def _connect(self) -> udp_client.SimpleUDPClient:
+        if self._client is None:
+            self._client = udp_client.SimpleUDPClient(self.cfg.host, self.cfg.port)
+        return self._client
+
+    def write(self, event: Event) -> None:
+        client = self._connect()
+        if self.cfg.protocol == "vmc":
+            if event["type"] == "command":
+                client.send(self.vmc_bundle(event))
+            return
+        for message in self.plain_messages(event):
+            client.send(message)
+
+    def vmc_bundle(self, command: Event) -> Any:
+        """One command as one bundle: every known preset's Val (the chosen one at its weight), then Apply."""
+        chosen, weight = command["expression"]["preset"], float(command["expression"]["weight"])
+        self.presets.setdefault(chosen, None)
+        bundle = osc_bundle_builder.OscBundleBuilder(osc_bundle_builder.IMMEDIATELY)
+        for name in self.presets:
+            bundle.add_content(_message(VMC_VAL, name, weight if name == chosen else 0.0))
+        bundle.add_content(_message(VMC_APPLY))
+        return bundle.build()
+
+    @staticmethod
+    def plain_messages(event: Event) -> list[Any]:
+        """The messages of the plain scheme (module docstring) for one event."""
+        base = f"/emotion/{event['camera']}"
+        if event["type"] == "command":
+            expression, tone = event["expression"], event["tone"]
+            return [_message(f"{base}/command", event["emotion"], float(event["confidence"]), expression["preset"],
+                             float(expression["weight"])),
+                    _message(f"{base}/tone", tone["style"], float(tone.get("style_degree", 1.0)), tone["pitch"],
+                             tone["rate"], tone["volume"])]
+        if event["type"] == "observation":
+            faces = event["faces"]
+            messages = [_message(f"{base}/faces", len(faces))]
+            if faces:
+                largest = max(faces, key=lambda f: (f["box"][2] - f["box"][0]) * (f["box"][3] - f["box"][1]))
+                top = largest.get("smoothed") or largest
+                messages.append(_message(f"{base}/top", top["emotion"], float(top["confidence"])))
+            return messages
+        if event["type"] == "camera":
+            return [_message(f"{base}/state", event["state"])]
+        return []
+
+    def flush_close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None

@@ -1,0 +1,261 @@
+"""The status server: /healthz, /metrics, /api/status, /ws, the status page and its live previews (aiohttp).
+
+It runs on its own thread with its own event loop, so nothing it does (a slow browser, a scrape) can block a camera.
+Pipeline threads reach it only through `loop.call_soon_threadsafe` (the event hub) or by having their latest
+frame read from the preview store. Anything that takes a lock or draws pixels runs on a small thread pool.
+
+| path | answer |
+|---|---|
+| GET /healthz | 200 {"status": "ok", …} or 503 naming what is not; never needs the token |
+| GET /metrics | Prometheus text (pipeline.service.metrics) |
+| GET /api/status | JSON (pipeline.service.status.status_document) |
+| GET /ws | WebSocket of events (the `websocket` output; `?types=command,camera`) |
+| GET / | status page (pipeline/static) |
+| GET /preview/ws | WebSocket of annotated JPEGs: binary messages `camera name \\n JPEG bytes`, at most preview_fps |
+| GET /preview/{camera}.jpg | the newest annotated JPEG of one camera |
+
+With `server.token` set, every path but /healthz needs `Authorization: Bearer TOKEN` or `?token=TOKEN` (browsers
+cannot put a header on a page, an <img> or a WebSocket, so the status page passes its own `?token=` along).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import hmac
+import html
+import logging
+import threading
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import WSMsgType, web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from pipeline.service.status import check_health, status_document
+
+if TYPE_CHECKING:
+    from pipeline.config.app import ServerConfig
+    from pipeline.service.daemon import Daemon
+
+log = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+START_TIMEOUT_S = 10.0
+SHUTDOWN_S = 0.5
+PREVIEW_SEND_TIMEOUT_S = 5.0
+NO_CACHE = {"Cache-Control": "no-store"}
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class ServerStartError(RuntimeError):
+    """The server could not listen (port in use, address not on this machine, permission)."""
+
+
+class StatusServer:
+    def __init__(self, cfg: ServerConfig, daemon: Daemon) -> None:
+        self.cfg = cfg
+        self._daemon = daemon
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._closing: asyncio.Event | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="status")
+        self.port: int = cfg.port  # the bound port (differs from cfg.port when that is 0)
+
+    # ------------------------------------------------------------------ lifetime (called from the main thread)
+
+    def start(self) -> None:
+        """Bind and serve; raises ServerStartError with one clear sentence when it cannot listen."""
+        self._thread = threading.Thread(target=self._serve, name="status-server", daemon=True)
+        self._thread.start()
+        if not self._started.wait(START_TIMEOUT_S):
+            raise ServerStartError(f"status server did not start within {START_TIMEOUT_S:g} s")
+        if self._error is not None:
+            self._thread.join(1.0)
+            raise ServerStartError(_bind_message(self.cfg.host, self.cfg.port, self._error))
+        host = f"[{self.cfg.host}]" if ":" in self.cfg.host else self.cfg.host
+        log.info("status server on http://%s:%d/ (%s)", host, self.port,
+                 "token required" if self.cfg.token else "no token")
+
+    def update(self, cfg: ServerConfig) -> None:
+        """Settings that apply without rebinding (token, preview_fps)."""
+        self.cfg = cfg
+
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self, timeout: float = 1.5) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is not None and thread is not None and thread.is_alive():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _serve(self) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            try:
+                loop.run_until_complete(self._startup())
+                self._loop = loop
+                self._daemon.hub.attach(loop)
+            except Exception as exc:  # noqa: BLE001 - reported by start() as one line
+                self._error = exc
+                loop.run_until_complete(self._cleanup())
+                return
+            finally:
+                self._started.set()
+            loop.run_forever()
+            loop.run_until_complete(self._shutdown())
+        finally:
+            self._daemon.hub.detach(loop)
+            loop.close()
+
+    async def _startup(self) -> None:
+        self._closing = asyncio.Event()
+        app = web.Application(middlewares=[self._auth])
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/api/status", self._status)
+        app.router.add_get("/ws", self._daemon.hub.handle)
+        app.router.add_get("/", self._index)
+        app.router.add_get("/preview/ws", self._preview_ws)
+        app.router.add_get("/preview/{camera}.jpg", self._preview_jpeg)
+        app.router.add_static("/static", STATIC_DIR, append_version=False)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port, backlog=64)
+        await site.start()
+        server = getattr(site, "_server", None)
+        sockets = getattr(server, "sockets", None) or []
+        if sockets:
+            self.port = sockets[0].getsockname()[1]
+
+    async def _shutdown(self) -> None:
+        if self._closing is not None:
+            self._closing.set()
+        await self._daemon.hub.close_all()
+        await self._cleanup()
+
+    async def _cleanup(self) -> None:
+        if self._runner is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._runner.cleanup(), SHUTDOWN_S * 3)
+
+    # ------------------------------------------------------------------ handlers
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        token = self.cfg.token
+        if token and request.path != "/healthz":
+            given = request.query.get("token", "")
+            header = request.headers.get("Authorization", "")
+            if header.lower().startswith("bearer "):
+                given = header[7:].strip()
+            if not given or not hmac.compare_digest(given.encode(), token.encode()):
+                return web.json_response({"error": "unauthorized: send Authorization: Bearer TOKEN (or ?token=)"},
+                                         status=401, headers={"WWW-Authenticate": 'Bearer realm="emotion-pipeline"'})
+        return await handler(request)
+
+    async def _in_pool(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        daemon = self._daemon
+        report = await self._in_pool(check_health, daemon)
+        body = report.as_dict(time.monotonic() - daemon.started_mono)
+        return web.json_response(body, status=200 if report.ok else 503, headers=NO_CACHE)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = await self._in_pool(self._daemon.metrics.render)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST, **NO_CACHE})
+
+    async def _status(self, request: web.Request) -> web.Response:
+        return web.json_response(await self._in_pool(status_document, self._daemon), headers=NO_CACHE)
+
+    async def _index(self, request: web.Request) -> web.Response:
+        """The page; with a token, its own assets are linked with `?token=` too (a browser sends no header)."""
+        token = request.query.get("token") if self.cfg.token else None
+        query = html.escape("?token=" + urllib.parse.quote(token, safe="")) if token else ""
+        page = (STATIC_DIR / "index.html").read_text(encoding="utf-8").replace("__QUERY__", query)
+        return web.Response(text=page, content_type="text/html", headers=NO_CACHE)
+
+    async def _preview_jpeg(self, request: web.Request) -> web.Response:
+        name = request.match_info["camera"]
+        if name not in self._daemon.cameras:
+            return web.json_response({"error": f"no camera named {name!r}"}, status=404)
+        if self._daemon.previews.fps <= 0:
+            return web.json_response({"error": "previews are disabled (server.preview_fps: 0)"}, status=404)
+        rendered = await self._in_pool(self._daemon.previews.jpeg, name)
+        if rendered is None:
+            return web.json_response({"error": f"camera {name} has no frame yet"}, status=503)
+        return web.Response(body=rendered.jpeg, content_type="image/jpeg", headers=NO_CACHE)
+
+    async def _preview_ws(self, request: web.Request) -> web.StreamResponse:
+        """Annotated JPEGs of every camera (or `?cameras=a,b`), each at most preview_fps, skipping repeats."""
+        if self._daemon.previews.fps <= 0:
+            return web.json_response({"error": "previews are disabled (server.preview_fps: 0)"}, status=404)
+        wanted = {c for c in request.query.get("cameras", "").split(",") if c}
+        ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=4096)
+        await ws.prepare(request)
+        sender = asyncio.get_running_loop().create_task(self._send_previews(ws, wanted))
+        try:
+            async for message in ws:
+                if message.type == WSMsgType.ERROR:
+                    break
+        finally:
+            sender.cancel()
+        return ws
+
+    async def _send_previews(self, ws: web.WebSocketResponse, wanted: set[str]) -> None:
+        previews, closing = self._daemon.previews, self._closing
+        if closing is None:  # the server is not running (start() sets it)
+            return
+        shown: dict[str, tuple[int, int]] = {}
+        try:
+            while not ws.closed and not closing.is_set() and previews.fps > 0:
+                for name in list(self._daemon.cameras):
+                    if wanted and name not in wanted:
+                        continue
+                    rendered = await self._in_pool(previews.jpeg, name)
+                    if rendered is None or shown.get(name) == rendered.key:
+                        continue
+                    await asyncio.wait_for(ws.send_bytes(name.encode() + b"\n" + rendered.jpeg),
+                                           PREVIEW_SEND_TIMEOUT_S)
+                    shown[name] = rendered.key
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(closing.wait(), 1.0 / max(previews.fps, 0.1))
+        except (asyncio.CancelledError, ConnectionError):
+            pass
+        except asyncio.TimeoutError:
+            log.info("preview client too slow, disconnected")
+            await ws.close(code=1013, message=b"too slow")
+        except Exception as exc:  # noqa: BLE001 - a broken viewer is that viewer's problem only
+            log.debug("preview client: %s", exc)
+        finally:
+            if closing.is_set() and not ws.closed:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(ws.close(code=1001, message=b"server shutting down"), SHUTDOWN_S)
+
+
+def _bind_message(host: str, port: int, exc: BaseException) -> str:
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    code = getattr(exc, "errno", None)
+    if code == errno.EADDRINUSE:
+        return (f"status server cannot listen on {where}: address already in use "
+                "(another instance running? change server.port)")
+    if code == errno.EADDRNOTAVAIL:
+        return f"status server cannot listen on {where}: no such address on this machine (check server.host)"
+    if code == errno.EACCES:
+        return f"status server cannot listen on {where}: permission denied (ports below 1024 need privileges)"
+    reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return f"status server cannot listen on {where}: {reason}"

@@ -1,0 +1,85 @@
+"""One camera's per-frame walk: detect → crop → classify → track → smooth, as plain sequential code.
+
+Batching is invisible here: the detector and classifier are shared BatchedModels; this code submits and waits.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pipeline.inference.batching import ModelClosedError, QueueFullError
+from pipeline.capture.stats import RateMeter
+from pipeline.capture.thread import CaptureThread
+from pipeline.inference.perception import Perception
+from pipeline.vision.track import IouTracker
+from pipeline.core.types import Detection, EmotionScores, FaceResult, Frame, Observation
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerStats:
+    analysed: RateMeter = field(default_factory=RateMeter)
+    skipped_busy: int = 0
+    errors: int = 0
+    faces: int = 0
+    last_latency_ms: float = 0.0
+    heartbeat: float = field(default_factory=time.monotonic)
+
+
+class CameraWorker(threading.Thread):
+    """Takes the newest frame of one camera (capture already applies the fps cap) and publishes an Observation."""
+
+    def __init__(self, capture: CaptureThread, perception: Perception, tracker: IouTracker,
+                 publish: Callable[[Observation], None], stop: threading.Event) -> None:
+        super().__init__(name=f"worker-{capture.cfg.name}", daemon=True)
+        self.capture = capture
+        self.perception = perception
+        self.tracker = tracker
+        self.publish = publish
+        self.stats = WorkerStats()
+        self._stop_event = stop
+
+    def run(self) -> None:
+        last_index = 0
+        while not self._stop_event.is_set():
+            self.stats.heartbeat = time.monotonic()
+            frame = self.capture.slot.take_newer(last_index, timeout=0.25)
+            if frame is None:
+                if self.capture.slot.closed:
+                    break
+                continue
+            last_index = frame.index
+            self._process(frame)
+
+    def _process(self, frame: Frame) -> None:
+        try:
+            faces, scores, timings = self.perception.analyze(frame.image)
+        except QueueFullError:
+            self.stats.skipped_busy += 1
+            return
+        except ModelClosedError:
+            return
+        except Exception as exc:  # noqa: BLE001 - one bad frame must not end the camera
+            self.stats.errors += 1
+            log.warning("camera %s frame %d: analysis failed: %s", frame.camera, frame.index, exc)
+            return
+        self.publish(self.observe(frame, faces, scores, timings))
+
+    def observe(self, frame: Frame, faces: list[Detection], scores: list[EmotionScores],
+                timings: dict[str, float]) -> Observation:
+        """Attach track ids and smoothed scores; build the Observation."""
+        ids = self.tracker.update(faces, frame.t_mono)
+        results = tuple(
+            FaceResult(face, score, track_id, self.tracker.smooth(track_id, score, frame.t_mono))
+            for face, score, track_id in zip(faces, scores, ids)
+        )
+        height, width = frame.image.shape[:2]
+        self.stats.analysed.mark()
+        self.stats.faces = len(results)
+        self.stats.last_latency_ms = (time.monotonic() - frame.t_mono) * 1e3
+        return Observation(frame.camera, frame.index, frame.t_mono, frame.t_wall, (width, height), results, timings)

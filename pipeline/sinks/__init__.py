@@ -1,1 +1,0 @@
-"""Event outputs, chosen by each `outputs[].type` through the registry in base.py."""

@@ -1,0 +1,176 @@
+"""`bench`: measurements, always side by side with their baseline in one run, on the machine named in the output.
+
+Modes:
+  analyze  — our `analyze` on a video vs the `fer` package (Haar + the same mini-Xception) in its own venv.
+  capture  — CPU cost of capture alone (decode + pacing), per camera, for N cameras replaying a file in real time.
+  engine   — one model alone per precision and batch size (bench_engine.py).
+  pipeline — N cameras in real time, batched vs naive design, same run (bench_pipeline.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+FER_SCRIPT = Path(__file__).resolve().parent / "bench_fer_baseline.py"
+
+
+def add_bench_args(parser: argparse.ArgumentParser, parents: list[argparse.ArgumentParser]) -> None:
+    modes = parser.add_subparsers(dest="bench_mode", metavar="MODE", required=True)
+    analyze = modes.add_parser("analyze", parents=parents, help="analyze a video vs the fer package, in one run")
+    analyze.add_argument("--video", type=Path, required=True)
+    analyze.add_argument("--config", type=Path, default=PROJECT_ROOT / "config" / "default.yaml")
+    analyze.add_argument("--fer-python", type=Path, default=Path("/opt/fer-venv/bin/python"),
+                         help="interpreter of a venv with tensorflow-cpu and fer==25.10.3 (skip fer if absent)")
+    analyze.add_argument("--detector-input", default="320x192", metavar="WxH",
+                         help="our detector input size (default 320x192: fits 16:9 video at 320 px wide)")
+    analyze.add_argument("--repeat", type=int, default=2, help="alternate the two tools this many times each")
+    analyze.add_argument("--json", type=Path, default=None, help="also write the results here")
+
+    capture = modes.add_parser("capture", parents=parents, help="CPU cost of capture per camera (no inference)")
+    capture.add_argument("--video", type=Path, action="append", required=True, help="repeatable")
+    capture.add_argument("--cameras", type=int, default=1, help="cameras replaying each video at once")
+    capture.add_argument("--seconds", type=float, default=10.0)
+    capture.add_argument("--json", type=Path, default=None)
+
+    from pipeline.tools.bench_engine import add_engine_args
+    from pipeline.tools.bench_pipeline import add_pipeline_args
+
+    add_engine_args(modes.add_parser("engine", parents=parents, help="one model: throughput and latency per batch"))
+    add_pipeline_args(modes.add_parser("pipeline", parents=parents, help="N cameras: batched vs naive"))
+    for mode in modes.choices.values():
+        mode.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
+                          help="also draw the results into this PNG (matplotlib)")
+
+
+def machine() -> dict[str, object]:
+    import os
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d"), "host": platform.node()}
+
+
+def _ours(video: Path, config: Path, detector_input: str) -> dict[str, object]:
+    """Run our analyze as a subprocess (same conditions as the baseline) and read its summary line."""
+    cmd = [sys.executable, str(PROJECT_ROOT / "run_pipeline.py"), "analyze", str(video), "--config", str(config),
+           "--detector-input", detector_input, "--log-level", "warning"]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=PROJECT_ROOT)
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("summary: ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"analyze failed: {done.stderr.strip()[-500:]}")
+    summary = json.loads(lines[-1][len("summary: "):])
+    return {"tool": "ours", "frames": summary["frames"], "faces": summary["faces"],
+            "fps": summary["per_second"], "per_stage_ms": summary["stage_ms_mean"], "emotions": summary["emotions"]}
+
+
+def _fer(python: Path, video: Path) -> dict[str, object] | None:
+    if not python.exists():
+        log.warning("%s not found: skipping the fer baseline (see BENCHMARKS.md for how to make that venv)", python)
+        return None
+    done = subprocess.run([str(python), str(FER_SCRIPT), str(video)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"fer baseline failed: {done.stderr.strip()[-500:]}")
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def bench_analyze(args: argparse.Namespace) -> dict[str, object]:
+    runs: dict[str, list[dict[str, object]]] = {"ours": [], "fer": []}
+    for _ in range(max(1, args.repeat)):  # alternate, so drift in machine load hits both tools alike
+        runs["ours"].append(_ours(args.video, args.config, args.detector_input))
+        fer = _fer(args.fer_python, args.video)
+        if fer is not None:
+            runs["fer"].append(fer)
+    best = {tool: max(r, key=lambda x: float(x["fps"])) for tool, r in runs.items() if r}  # type: ignore[arg-type]
+    result: dict[str, object] = {"mode": "analyze", "video": str(args.video), "machine": machine(), "runs": runs,
+                                 "best": best, "detector_input": args.detector_input}
+    if "fer" in best:
+        result["ratio_fps"] = round(float(best["ours"]["fps"]) / float(best["fer"]["fps"]), 2)  # type: ignore[arg-type]
+    return result
+
+
+def print_analyze_table(result: dict[str, object]) -> None:
+    best: dict[str, dict[str, object]] = result["best"]  # type: ignore[assignment]
+    print(f"{'tool':6} {'frames':>7} {'faces':>6} {'fps':>8}  per-stage ms")
+    for tool, r in best.items():
+        stages = ", ".join(f"{k} {v}" for k, v in dict(r.get("per_stage_ms") or {}).items())  # type: ignore[call-overload]
+        print(f"{tool:6} {r['frames']:>7} {r['faces']:>6} {float(r['fps']):>8.1f}  {stages}")  # type: ignore[arg-type]
+    if "ratio_fps" in result:
+        print(f"ours / fer frames per second: {result['ratio_fps']}x")
+
+
+def bench_capture(args: argparse.Namespace) -> dict[str, object]:
+    """Run capture threads only and read the process CPU time: the decode share of one camera."""
+    import resource
+    import threading
+
+    from pipeline.capture.thread import CaptureThread
+    from pipeline.config.app import CameraConfig
+
+    rows = []
+    for video in args.video:
+        stop = threading.Event()
+        cams = [CaptureThread(CameraConfig(name=f"c{i}", source=str(video), loop=True), stop, lambda _e: None)
+                for i in range(args.cameras)]
+        before, t0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+        for cam in cams:
+            cam.start()
+        time.sleep(args.seconds)
+        stop.set()
+        for cam in cams:
+            cam.join(5)
+        after, wall = resource.getrusage(resource.RUSAGE_SELF), time.monotonic() - t0
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        frames = sum(cam.frames_in.total for cam in cams)
+        rows.append({"video": video.name, "cameras": args.cameras, "fps_per_camera": round(frames / wall / args.cameras, 1),
+                     "cpu_percent_per_camera": round(100 * cpu / wall / args.cameras, 1),
+                     "cpu_ms_per_frame": round(1000 * cpu / max(frames, 1), 2)})
+    return {"mode": "capture", "machine": machine(), "rows": rows}
+
+
+def print_capture_table(result: dict[str, object]) -> None:
+    print(f"{'video':24} {'cams':>4} {'fps/cam':>8} {'CPU %/cam':>10} {'CPU ms/frame':>13}")
+    for row in result["rows"]:  # type: ignore[attr-defined]
+        print(f"{row['video']:24} {row['cameras']:>4} {row['fps_per_camera']:>8} {row['cpu_percent_per_camera']:>10}"
+              f" {row['cpu_ms_per_frame']:>13}")
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from pipeline.tools.bench_engine import bench_engine, print_engine_table
+    from pipeline.tools.bench_pipeline import bench_pipeline, print_pipeline_table
+
+    modes = {"analyze": (bench_analyze, print_analyze_table), "capture": (bench_capture, print_capture_table),
+             "engine": (bench_engine, print_engine_table), "pipeline": (bench_pipeline, print_pipeline_table)}
+    measure, show = modes[args.bench_mode]
+    result = measure(args)
+    result.setdefault("machine", machine())
+    show(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    if args.plot:  # last: a plot that cannot be drawn loses none of the figures above
+        from pipeline.tools.bench_plot import PlotError, save_plot
+        from pipeline.tools.cli import UsageError
+
+        try:
+            save_plot(result, args.plot)
+        except PlotError as exc:
+            raise UsageError(str(exc)) from exc
+        print(f"plot: {args.plot}")
+    return 0

@@ -1,0 +1,204 @@
+"""`bench pipeline`: N cameras replaying a video in real time through capture → workers → shared models.
+
+Two designs are measured in the same run:
+  batched — the daemon's design: one detector and one classifier shared by all cameras, dynamic batching;
+  naive   — the seed's design: one model pair per camera, one item at a time, no cross-camera batching.
+Latency is capture → observation (what the behaviour stage receives), per analysed frame.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.capture.thread import CaptureThread
+from pipeline.config.app import AppConfig, CameraConfig, load_config
+from pipeline.inference.perception import Perception
+from pipeline.vision.track import IouTracker
+from pipeline.core.types import Observation
+from pipeline.service.worker import CameraWorker
+
+WARMUP_S = 3.0
+
+
+def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--video", type=Path, required=True)
+    parser.add_argument("--cameras", type=int, default=4)
+    parser.add_argument("--fps", type=float, default=15.0, help="analysed frames per second per camera, at most")
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds measured per mode, after warm-up")
+    parser.add_argument("--mode", choices=["batched", "naive", "both"], default="both")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32")
+    parser.add_argument("--detector-input", default="320x192", metavar="WxH")
+    parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--max-delay-ms", type=float, default=4.0)
+    parser.add_argument("--lanes", type=int, default=1)
+    parser.add_argument("--batch-step", type=int, default=4, help="CUDA: pad batches to powers of this")
+    parser.add_argument("--config", type=Path, default=Path(__file__).resolve().parents[2] / "config/default.yaml")
+    parser.add_argument("--decode-threads", type=int, default=1,
+                        help="video decoder threads per camera (camera key decode_threads; 0 = FFmpeg's default)")
+    parser.add_argument("--capture-nice", type=int, default=0,
+                        help="nice increment for capture and decoding (camera key nice)")
+    parser.add_argument("--switch-interval-ms", type=float, default=None,
+                        help="Python's GIL switch interval for this run (default 5 ms), to measure GIL contention")
+    parser.add_argument("--json", type=Path, default=None)
+
+
+def _config(args: argparse.Namespace, naive: bool) -> AppConfig:
+    base = load_config(args.config)
+    width, height = (int(v) for v in args.detector_input.lower().split("x"))
+    cameras = [CameraConfig(name=f"cam{i}", source=str(args.video), loop=True, fps=args.fps,
+                            decode_threads=args.decode_threads, nice=args.capture_nice)
+               for i in range(args.cameras)]
+    inference = base.inference.model_copy(update={
+        "device": args.device, "precision": args.precision,
+        "max_batch": 1 if naive else args.max_batch, "max_delay_ms": 0.0 if naive else args.max_delay_ms,
+        "lanes": 1 if naive else args.lanes, "batch_step": args.batch_step})
+    detector = type(base.detector).model_validate(base.detector.model_dump() | {"input_size": (width, height)})
+    return base.model_copy(update={"cameras": cameras, "inference": inference, "detector": detector})
+
+
+class _Recorder:
+    """Collects per-observation latency after the warm-up; thread-safe."""
+
+    def __init__(self) -> None:
+        self.latencies_ms: list[float] = []
+        self.stage_ms: dict[str, list[float]] = {}
+        self.faces = 0
+        self.recording = False
+        self._lock = threading.Lock()
+
+    def __call__(self, obs: Observation) -> None:
+        if not self.recording:
+            return
+        latency = (time.monotonic() - obs.t_mono) * 1000.0
+        with self._lock:
+            self.latencies_ms.append(latency)
+            self.faces += len(obs.faces)
+            for stage, ms in obs.latency_ms.items():
+                self.stage_ms.setdefault(stage, []).append(ms)
+            # What the stages do not cover: the frame waiting for its worker, tracking, the hand-off.
+            self.stage_ms.setdefault("other", []).append(latency - sum(obs.latency_ms.values()))
+
+
+def _gpu_memory_mb() -> float | None:
+    """This process's GPU memory from nvidia-smi (None where there is no NVIDIA GPU)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    used = [float(line.split(",")[1]) for line in out.splitlines() if line.split(",")[0].strip() == str(os.getpid())]
+    return sum(used) if used else None
+
+
+def _rss_mb() -> tuple[float, float]:
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    return float(fields["VmRSS"].split()[0]) / 1024, float(fields["VmHWM"].split()[0]) / 1024
+
+
+def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
+    cfg = _config(args, naive)
+    shared = None if naive else Perception.from_config(cfg)
+    perceptions = [Perception.from_config(cfg) for _ in cfg.cameras] if naive else [shared] * len(cfg.cameras)
+    for perception in {id(p): p for p in perceptions}.values():
+        perception.warm_up()  # type: ignore[union-attr]
+    stop, recorder = threading.Event(), _Recorder()
+    captures = [CaptureThread(cam, stop, lambda _e: None) for cam in cfg.cameras]
+    workers = [CameraWorker(capture, perception, IouTracker(), recorder, stop)  # type: ignore[arg-type]
+               for capture, perception, cam in zip(captures, perceptions, cfg.cameras)]
+    for thread in [*captures, *workers]:
+        thread.start()
+    time.sleep(WARMUP_S)
+    frames_in0 = sum(c.frames_in.total for c in captures)
+    analysed0 = sum(w.stats.analysed.total for w in workers)
+    usage0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+    recorder.recording = True
+    time.sleep(args.duration)
+    recorder.recording = False
+    wall = time.monotonic() - t0
+    usage1 = resource.getrusage(resource.RUSAGE_SELF)
+    frames_in = sum(c.frames_in.total for c in captures) - frames_in0
+    analysed = sum(w.stats.analysed.total for w in workers) - analysed0
+    gpu_mb, (rss_mb, peak_mb) = _gpu_memory_mb(), _rss_mb()
+    threads = len(os.listdir("/proc/self/task"))  # every thread of the process, the libraries' own included
+    batch_stats = _batch_stats([p for p in {id(p): p for p in perceptions}.values()])  # type: ignore[misc]
+    stop.set()
+    for thread in [*captures, *workers]:
+        thread.join(5)
+    for perception in {id(p): p for p in perceptions}.values():
+        perception.close()  # type: ignore[union-attr]
+    return _summary(args, naive, wall, frames_in, analysed, recorder, usage0, usage1, rss_mb, peak_mb, gpu_mb,
+                    batch_stats) | {"threads": threads, "decode_threads": args.decode_threads,
+                                      "capture_nice": args.capture_nice}
+
+
+def _batch_stats(perceptions: list[Perception]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for role in ("detector", "classifier"):
+        stats = [getattr(p, role).model.stats for p in perceptions]
+        sizes = [s for st in stats for s in st.batch_sizes]
+        items = sum(st.items for st in stats)
+        out[role] = {"mean_batch": round(float(np.mean(sizes)), 2) if sizes else 0.0,
+                     "queue_ms_per_item": round(1000 * sum(st.queue_s for st in stats) / max(items, 1), 2),
+                     "compute_ms_per_batch": round(1000 * sum(st.compute_s for st in stats) /
+                                                   max(sum(st.batches for st in stats), 1), 2),
+                     "rejected": sum(st.rejected for st in stats)}
+    return out
+
+
+def _summary(args: argparse.Namespace, naive: bool, wall: float, frames_in: int, analysed: int,
+             recorder: _Recorder, usage0: Any, usage1: Any, rss_mb: float, peak_mb: float, gpu_mb: float | None,
+             batch_stats: dict[str, Any]) -> dict[str, Any]:
+    cpu_s = (usage1.ru_utime - usage0.ru_utime) + (usage1.ru_stime - usage0.ru_stime)
+    lat = np.array(recorder.latencies_ms) if recorder.latencies_ms else np.array([np.nan])
+    wanted = min(args.fps, frames_in / wall / args.cameras) if frames_in else args.fps
+    return {
+        "mode": "naive" if naive else "batched", "cameras": args.cameras, "fps_wanted": args.fps,
+        "fps_in_per_camera": round(frames_in / wall / args.cameras, 2),
+        "fps_analysed_per_camera": round(analysed / wall / args.cameras, 2),
+        "analysed_per_s": round(analysed / wall, 1),
+        "skipped_pct_of_wanted": round(100 * max(0.0, 1 - (analysed / wall / args.cameras) / wanted), 1),
+        "latency_ms": {k: round(float(v), 1) for k, v in zip(("p50", "p95", "p99"), np.percentile(lat, [50, 95, 99]))},
+        "faces_per_frame": round(recorder.faces / max(len(recorder.latencies_ms), 1), 2),
+        "stage_ms": {stage: {k: round(float(v), 2) for k, v in zip(("p50", "p99"), np.percentile(times, [50, 99]))}
+                     for stage, times in recorder.stage_ms.items()},
+        "cpu_percent": round(100 * cpu_s / wall, 1), "rss_mb": round(rss_mb, 1), "peak_rss_mb": round(peak_mb, 1),
+        "gpu_mb": gpu_mb, "batching": batch_stats,
+    }
+
+
+def bench_pipeline(args: argparse.Namespace) -> dict[str, Any]:
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1000.0)
+    modes = ["batched", "naive"] if args.mode == "both" else [args.mode]
+    results = [run_mode(args, naive=(mode == "naive")) for mode in modes]
+    out: dict[str, Any] = {"mode": "pipeline", "video": str(args.video), "device": args.device,
+                           "switch_interval_ms": sys.getswitchinterval() * 1000,
+                           "precision": args.precision, "detector_input": args.detector_input, "results": results}
+    if len(results) == 2 and results[1]["analysed_per_s"]:
+        out["ratio_analysed_batched_over_naive"] = round(results[0]["analysed_per_s"] / results[1]["analysed_per_s"], 2)
+    return out
+
+
+def print_pipeline_table(result: dict[str, Any]) -> None:
+    print(f"{result['video']} on {result['device']} {result['precision']}, detector {result['detector_input']}")
+    print(f"{'mode':8} {'cams':>4} {'fps/cam':>8} {'skip%':>6} {'p50':>7} {'p95':>7} {'p99':>7} {'CPU%':>6} "
+          f"{'RSS MB':>7} {'GPU MB':>7} {'det batch':>9} {'emo batch':>9}")
+    for r in result["results"]:
+        lat, b = r["latency_ms"], r["batching"]
+        print(f"{r['mode']:8} {r['cameras']:>4} {r['fps_analysed_per_camera']:>8} {r['skipped_pct_of_wanted']:>6} "
+              f"{lat['p50']:>7} {lat['p95']:>7} {lat['p99']:>7} {r['cpu_percent']:>6} {r['peak_rss_mb']:>7} "
+              f"{r['gpu_mb'] if r['gpu_mb'] is not None else '-':>7} {b['detector']['mean_batch']:>9} "
+              f"{b['classifier']['mean_batch']:>9}")
+    if "ratio_analysed_batched_over_naive" in result:
+        print(f"batched / naive analysed frames per second: {result['ratio_analysed_batched_over_naive']}x")

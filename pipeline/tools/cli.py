@@ -1,0 +1,209 @@
+"""Command line: `run` (default), `check-config`, `prepare-models`, `build-engine`, `analyze`, `bench`.
+
+Exit codes (SPEC.md): 0 ok; 1 runtime failure; 2 bad config, usage or input; 3 model or engine problem.
+No traceback reaches an operator for a foreseeable problem: each is caught here and printed as one clear line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from pipeline.inference.backend import BackendError
+from pipeline.config.app import AppConfig, ConfigError, load_config, summarize
+from pipeline.service.logs import setup_logging
+from pipeline.modelprep.manifest import ManifestError
+from pipeline.modelprep.prepare import ModelError
+
+log = logging.getLogger("pipeline")
+
+EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG, EXIT_MODEL = 0, 1, 2, 3
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG = PROJECT_ROOT / "config" / "default.yaml"
+MODEL_ERRORS = (ModelError, BackendError, ManifestError)
+
+
+class UsageError(Exception):
+    """Bad input named on the command line (exit 2)."""
+
+
+def _load(path: Path) -> AppConfig:
+    from pipeline.config.credentials import export_credentials
+
+    export_credentials()  # systemd LoadCredential= files become ${VAR}s (no-op outside systemd)
+    return load_config(path)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from pipeline.service.daemon import Daemon
+    from pipeline.service.server import ServerStartError
+
+    cfg = _load(args.config)
+    setup_logging(args.log_level or cfg.logging.level, cfg.logging.format)
+    daemon = Daemon(cfg, config_path=args.config, log_level=args.log_level)
+    try:
+        daemon.start()
+    except ServerStartError as exc:  # e.g. port in use: one line, no traceback
+        daemon.stop()
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
+    except BaseException:
+        daemon.stop()
+        raise
+    return daemon.run(args.duration)
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    cfg = _load(args.path)
+    print(f"{args.path}: valid")
+    print(summarize(cfg))
+    return EXIT_OK
+
+
+def cmd_prepare_models(args: argparse.Namespace) -> int:
+    from pipeline.modelprep.manifest import load_manifest
+    from pipeline.modelprep.prepare import prepare_model
+
+    precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
+    bad = [p for p in precisions if p not in ("fp32", "fp16", "int8")]
+    if bad:
+        raise UsageError(f"--precision: unknown {', '.join(bad)} (choose from fp32, fp16, int8)")
+    cfg = _load(args.config)
+    names = args.model or [cfg.detector.model, cfg.emotion.model]
+    for name in names:
+        for path in prepare_model(load_manifest(name), precisions, args.calib, force=args.force):  # type: ignore[arg-type]
+            print(path)
+    return EXIT_OK
+
+
+def cmd_build_engine(args: argparse.Namespace) -> int:
+    from pipeline.inference.gpu.engine_build import build_for_cli, require_gpu_packages
+    from pipeline.modelprep.manifest import load_manifest
+    from pipeline.modelprep.prepare import ensure_model
+
+    require_gpu_packages()  # before anything slow: without TensorRT and pycuda there is nothing to build with
+    cfg = _load(args.config)
+    precision = args.precision or cfg.inference.precision
+    if precision not in ("fp32", "fp16", "int8"):
+        raise UsageError(f"--precision: unknown {precision} (choose from fp32, fp16, int8)")
+    max_batch = args.max_batch or cfg.inference.max_batch
+    if not 1 <= max_batch <= 1024:
+        raise UsageError(f"--max-batch: {max_batch} is outside 1..1024")
+    input_size = args.input_size or cfg.detector.input_size
+    for name in args.model or [cfg.detector.model, cfg.emotion.model]:
+        manifest = load_manifest(name)
+        onnx_path = ensure_model(manifest, precision)
+        result = build_for_cli(manifest, onnx_path, precision, max_batch, input_size, force=args.force)
+        state = "built" if result.built else "up to date"
+        print(f"{result.engine} ({state})")
+    return EXIT_OK
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from pipeline.tools.analyze import run_analyze
+
+    cfg = _load(args.config)
+    return run_analyze(cfg, args.paths, every=args.every, cropped=args.cropped, crop=args.crop,
+                       detector_input=args.detector_input)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from pipeline.tools.bench import run_bench
+
+    return run_bench(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="run_pipeline.py", description=__doc__.splitlines()[0])
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None,
+                        help="override logging.level of the config")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", parents=[common], help="run the daemon (default)")
+    _add_run_args(run)
+
+    check = sub.add_parser("check-config", parents=[common], help="validate a config file without starting anything")
+    check.add_argument("path", type=Path)
+
+    prep = sub.add_parser("prepare-models", parents=[common], help="obtain, convert and verify the models into models/")
+    prep.add_argument("--precision", default="fp32", help="comma-separated: fp32,fp16,int8 (default fp32)")
+    prep.add_argument("--calib", type=Path, default=None, help="folder of face images for int8 calibration")
+    prep.add_argument("--model", action="append", help="model name (default: the config's detector and emotion)")
+    prep.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    prep.add_argument("--force", action="store_true", help="rebuild even if valid files exist")
+
+    engine = sub.add_parser("build-engine", parents=[common],
+                            help="build TensorRT engines into engines/ (needs TensorRT, pycuda and a GPU)")
+    engine.add_argument("--model", action="append", help="model name (default: the config's detector and emotion)")
+    engine.add_argument("--precision", choices=["fp32", "fp16", "int8"], default=None,
+                        help="which prepared ONNX to build from (default: inference.precision)")
+    engine.add_argument("--max-batch", type=int, default=None, help="largest batch (default: inference.max_batch)")
+    engine.add_argument("--input-size", type=_size, default=None, metavar="WxH",
+                        help="detector input size (default: the config's detector.input_size)")
+    engine.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    engine.add_argument("--force", action="store_true", help="rebuild even if a matching engine exists")
+
+    analyze = sub.add_parser("analyze", parents=[common], help="images, folders or videos -> one JSON line per image/frame")
+    analyze.add_argument("paths", nargs="+", type=Path)
+    analyze.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    analyze.add_argument("--every", type=int, default=1, help="videos: analyse every Nth frame")
+    analyze.add_argument("--cropped", action="store_true", help="each image is one face crop: skip detection")
+    analyze.add_argument("--crop", choices=["align", "box"], default=None, help="override emotion.crop")
+    analyze.add_argument("--detector-input", type=_size, default=None, metavar="WxH",
+                         help="override detector.input_size, e.g. 320x192")
+
+    bench = sub.add_parser("bench", help="measure throughput and latency")
+    from pipeline.tools.bench import add_bench_args
+
+    add_bench_args(bench, [common])
+    return parser
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        width, height = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT such as 320x192, got {text!r}") from None
+    return width, height
+
+
+def _add_run_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    parser.add_argument("--duration", type=float, default=None, help="stop cleanly after this many seconds")
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": cmd_run,
+    "check-config": cmd_check_config,
+    "prepare-models": cmd_prepare_models,
+    "build-engine": cmd_build_engine,
+    "analyze": cmd_analyze,
+    "bench": cmd_bench,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        argv = ["run", *argv]  # `run` is the default subcommand
+    args = parser.parse_args(argv)
+    setup_logging(args.log_level or "info", "text")
+    try:
+        return COMMANDS[args.command](args)
+    except ConfigError as exc:
+        for issue in exc.issues:
+            print(issue.format(), file=sys.stderr)
+        return EXIT_CONFIG
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except MODEL_ERRORS as exc:
+        print(f"model error: {exc}", file=sys.stderr)
+        return EXIT_MODEL
+    except KeyboardInterrupt:
+        return EXIT_OK

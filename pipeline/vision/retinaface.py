@@ -1,0 +1,132 @@
+"""RetinaFace: letterbox to a fixed size (so frames of any camera batch together), vectorised decode, NMS.
+
+The prepared model takes uint8 BGR NHWC pixels; mean subtraction happens inside the graph (see models.py).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import cv2
+import numpy as np
+
+from pipeline.inference.batching import BatchedModel
+from pipeline.core.types import Detection
+
+if TYPE_CHECKING:
+    from pipeline.config.app import DetectorConfig
+
+STRIDES = (8, 16, 32)
+ANCHOR_SIZES = ((16, 32), (64, 128), (256, 512))
+CENTER_VARIANCE = 0.1
+SIZE_VARIANCE = 0.2
+# Padding colour = the model's training mean (BGR), so padded pixels are zero after normalisation.
+PAD_BGR = (104, 117, 123)
+
+
+@dataclass(frozen=True)
+class Letterbox:
+    """How a frame was fitted into the detector input: scaled by `scale`, placed at the top-left corner."""
+
+    scale: float
+    frame_size: tuple[int, int]  # width, height of the original frame
+
+
+def letterbox(image: np.ndarray, size: tuple[int, int]) -> tuple[np.ndarray, Letterbox]:
+    """Resize `image` (H x W x 3 BGR) to fit `size` (width, height) keeping its aspect ratio; pad bottom/right."""
+    height, width = image.shape[:2]
+    target_w, target_h = size
+    scale = min(target_w / width, target_h / height)
+    new_w, new_h = min(target_w, max(1, round(width * scale))), min(target_h, max(1, round(height * scale)))
+    # INTER_AREA avoids aliasing on strong reductions but costs ~7x more; bilinear is fine down to half size.
+    interpolation = cv2.INTER_AREA if scale < 0.5 else cv2.INTER_LINEAR
+    resized = image if (new_w, new_h) == (width, height) else cv2.resize(image, (new_w, new_h),
+                                                                          interpolation=interpolation)
+    canvas = cv2.copyMakeBorder(resized, 0, target_h - new_h, 0, target_w - new_w, cv2.BORDER_CONSTANT,
+                                value=PAD_BGR)
+    return canvas, Letterbox(scale, (width, height))
+
+
+@lru_cache(maxsize=8)
+def anchor_grid(size: tuple[int, int]) -> np.ndarray:
+    """Anchors (cx, cy, w, h) in input pixels for an input of `size`, in the network's output order.
+
+    Order: per stride, row-major cells, the stride's two sizes per cell."""
+    width, height = size
+    grids = []
+    for stride, sizes in zip(STRIDES, ANCHOR_SIZES):
+        cols, rows = -(-width // stride), -(-height // stride)
+        ys, xs = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+        centers = (np.stack([xs.ravel(), ys.ravel()], axis=1) + 0.5) * stride
+        centers = np.repeat(centers, len(sizes), axis=0)
+        wh = np.tile(np.array([[s, s] for s in sizes], dtype=np.float64), (rows * cols, 1))
+        grids.append(np.hstack([centers, wh]))
+    grid = np.vstack(grids).astype(np.float32)
+    grid.setflags(write=False)
+    return grid
+
+
+def decode(outputs: dict[str, np.ndarray], input_size: tuple[int, int], box: Letterbox, score_threshold: float,
+           nms_threshold: float) -> list[Detection]:
+    """Turn one image's candidates into detections in frame pixels.
+
+    The prepared graph already kept the best anchors, best first (see graph_edit.add_top_candidates): `top_score`
+    K, `top_anchor` K (index into the anchor grid), `top_loc` K x 4 and `top_landmarks` K x 10."""
+    scores = outputs["top_score"]
+    keep = np.flatnonzero(scores > score_threshold)
+    if keep.size == 0:
+        return []
+    anc = anchor_grid(input_size)[outputs["top_anchor"][keep]]
+    loc = outputs["top_loc"][keep]
+    centers = anc[:, :2] + loc[:, :2] * CENTER_VARIANCE * anc[:, 2:]
+    sizes = anc[:, 2:] * np.exp(loc[:, 2:] * SIZE_VARIANCE)
+    boxes = np.hstack([centers - sizes / 2, centers + sizes / 2])
+    points = outputs["top_landmarks"][keep].reshape(-1, 5, 2)
+    points = anc[:, None, :2] + points * CENTER_VARIANCE * anc[:, None, 2:]
+    selected = _nms(boxes, scores[keep], score_threshold, nms_threshold)
+    return [_to_frame(boxes[i], float(scores[keep][i]), points[i], box) for i in selected]
+
+
+def _nms(boxes: np.ndarray, scores: np.ndarray, score_threshold: float, nms_threshold: float) -> list[int]:
+    xywh = np.hstack([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]]).tolist()
+    picked = cv2.dnn.NMSBoxes(xywh, scores.tolist(), score_threshold, nms_threshold)
+    return [int(i) for i in np.asarray(picked).reshape(-1)]
+
+
+def _to_frame(box: np.ndarray, score: float, points: np.ndarray, fit: Letterbox) -> Detection:
+    width, height = fit.frame_size
+    x1, y1, x2, y2 = (box / fit.scale).tolist()
+    clipped = (max(0.0, x1), max(0.0, y1), min(float(width), x2), min(float(height), y2))
+    return Detection(box=clipped, score=score, landmarks=(points / fit.scale).astype(np.float32))
+
+
+def filter_faces(faces: list[Detection], min_face_px: int, max_faces: int) -> list[Detection]:
+    """Drop faces smaller than `min_face_px` on their short side; keep the `max_faces` largest."""
+    kept = [f for f in faces if min(f.width, f.height) >= min_face_px]
+    kept.sort(key=lambda f: f.area, reverse=True)
+    return kept[:max_faces]
+
+
+class FaceDetector:
+    """RetinaFace behind a shared BatchedModel: `submit` a frame, then `finish` its outputs into detections."""
+
+    def __init__(self, model: BatchedModel, cfg: DetectorConfig) -> None:
+        self.model = model
+        self.cfg = cfg
+        self.input_size: tuple[int, int] = (int(cfg.input_size[0]), int(cfg.input_size[1]))
+        anchor_grid(self.input_size)  # build the cache once, before the first frame
+
+    def submit(self, image: np.ndarray) -> tuple[Future[dict[str, np.ndarray]], Letterbox]:
+        canvas, fit = letterbox(image, self.input_size)
+        return self.model.submit(canvas), fit
+
+    def finish(self, outputs: dict[str, np.ndarray], fit: Letterbox) -> list[Detection]:
+        faces = decode(outputs, self.input_size, fit, self.cfg.score_threshold, self.cfg.nms_threshold)
+        return filter_faces(faces, self.cfg.min_face_px, self.cfg.max_faces)
+
+    def detect(self, image: np.ndarray, timeout: float = 10.0) -> list[Detection]:
+        future, fit = self.submit(image)
+        return self.finish(future.result(timeout=timeout), fit)
