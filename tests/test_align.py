@@ -6,7 +6,12 @@ import cv2
 import numpy as np
 import pytest
 
-from pipeline.vision.align import FER_TEMPLATE, align_face, box_crop, similarity_transform
+from pipeline.vision.align import (
+    FER_TEMPLATE,
+    align_face,
+    box_crop,
+    similarity_transform,
+)
 from tests.conftest import data_path
 
 

@@ -18,7 +18,7 @@ import cv2
 import numpy as np
 import pytest
 
-from pipeline.inference.backend import Backend, create_backend
+from pipeline.inference.backend import Backend, ModelRuntime, create_backend
 from pipeline.inference.batching import BatchedModel, ModelClosedError, QueueFullError
 from tests.conftest import data_path
 
@@ -32,7 +32,7 @@ def make_backend(prepared_models, app_config):  # type: ignore[no-untyped-def]
 
     manifest = load_manifest("mini_xception_fer2013")
     path = ensure_model(manifest, "fp32")
-    return lambda: create_backend(app_config.inference, manifest, path)
+    return lambda: create_backend(ModelRuntime.from_config(app_config.inference), manifest, path)
 
 
 @pytest.fixture(scope="module")

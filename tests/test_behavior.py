@@ -11,7 +11,14 @@ import pytest
 
 from pipeline.behavior.mapper import STICKINESS, BehaviorMapper
 from pipeline.config.app import BehaviorConfig, default_rules
-from pipeline.core.types import EMOTIONS, Command, Detection, EmotionScores, FaceResult, Observation
+from pipeline.core.types import (
+    EMOTIONS,
+    Command,
+    Detection,
+    EmotionScores,
+    FaceResult,
+    Observation,
+)
 
 STEP = 0.0625  # 16 fps
 T0 = 1000.0  # monotonic clock origin

@@ -12,9 +12,15 @@ import numpy as np
 import pytest
 
 from pipeline.behavior.mapper import room_scores
-from pipeline.config.app import BehaviorConfig, ConfigError, ToneConfig, default_rules, parse_config
-from pipeline.outputs.ssml import MSTTS_NS, SSML_NS, tone_to_ssml
+from pipeline.config.app import (
+    BehaviorConfig,
+    ConfigError,
+    ToneConfig,
+    default_rules,
+    parse_config,
+)
 from pipeline.core.types import EMOTIONS, Detection, EmotionScores, FaceResult, Tone
+from pipeline.outputs.ssml import MSTTS_NS, SSML_NS, tone_to_ssml
 from tests.test_behavior import STEP, WALL0, drive, mapper, observation, result, square
 
 

@@ -20,12 +20,16 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.capture.sources import configure_ffmpeg
 from pipeline.capture.thread import Backoff, CaptureThread
 from pipeline.config.app import CameraConfig, ReconnectConfig
-from pipeline.capture.sources import configure_ffmpeg
 from pipeline.core.types import CameraEvent
 from tests.conftest import run_cli
-from tests.running_daemon import RunningDaemon, daemons, wait_until  # noqa: F401  (daemons: a fixture)
+from tests.running_daemon import (  # noqa: F401  (daemons: a fixture)
+    RunningDaemon,
+    daemons,
+    wait_until,
+)
 from tests.running_daemon import clip as clip_path
 from tests.servers.fixtures import (  # noqa: F401  (importing the fixtures registers them)
     StartMjpeg,

@@ -10,14 +10,13 @@ import cv2
 import numpy as np
 import pytest
 
-from pipeline.inference.backend import create_backend
+from pipeline.core.types import Detection
+from pipeline.inference.backend import ModelRuntime, create_backend
 from pipeline.inference.batching import BatchedModel
-from pipeline.tools.bench_engine import video_frames
-from pipeline.config.app import InferenceConfig
-from pipeline.vision.retinaface import Letterbox, decode, letterbox
 from pipeline.modelprep.manifest import load_manifest
 from pipeline.modelprep.prepare import ensure_model
-from pipeline.core.types import Detection
+from pipeline.tools.bench_engine import video_frames
+from pipeline.vision.retinaface import Letterbox, decode, letterbox
 from tests.conftest import data_path
 
 ort = pytest.importorskip("onnxruntime")
@@ -60,8 +59,8 @@ def _assert_same_faces(got: dict[str, np.ndarray], want: dict[str, np.ndarray], 
 def test_cuda_lanes_match_cpu(prepared_models: None, name: str, precision: str) -> None:
     manifest = load_manifest(name)
     path = ensure_model(manifest, precision)  # type: ignore[arg-type]
-    cpu = create_backend(InferenceConfig(device="cpu", precision=precision, max_batch=16), manifest, path)
-    gpu = create_backend(InferenceConfig(device="cuda", precision=precision, max_batch=16, lanes=2), manifest, path)
+    cpu = create_backend(ModelRuntime("onnxruntime", "cpu", precision, max_batch=16), manifest, path)
+    gpu = create_backend(ModelRuntime("onnxruntime", "cuda", precision, max_batch=16, lanes=2), manifest, path)
     model = BatchedModel(gpu, name, max_batch=16, max_delay_ms=2.0)
     items = _items(name, video_frames(data_path("video", "woman2.mp4"), 48))
     results: dict[int, dict[str, np.ndarray]] = {}

@@ -23,7 +23,11 @@ import onnx
 import pytest
 from numpy.lib.stride_tricks import sliding_window_view
 
-from pipeline.modelprep.keras_convert import ConversionError, convert_keras_hdf5, load_keras_layers
+from pipeline.modelprep.keras_convert import (
+    ConversionError,
+    convert_keras_hdf5,
+    load_keras_layers,
+)
 
 ort = pytest.importorskip("onnxruntime")
 

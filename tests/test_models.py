@@ -13,7 +13,12 @@ import pytest
 import pipeline.modelprep.manifest as manifest_module
 import pipeline.modelprep.prepare as models_module
 from pipeline.modelprep.manifest import ManifestError, load_manifest
-from pipeline.modelprep.prepare import ModelError, check_prepared, ensure_model, sha256_of
+from pipeline.modelprep.prepare import (
+    ModelError,
+    check_prepared,
+    ensure_model,
+    sha256_of,
+)
 from tests.conftest import run_cli
 
 
@@ -38,9 +43,9 @@ def test_detector_keeps_its_best_anchors_in_the_graph(prepared_models: None, siz
     landmarks; an input with fewer anchors than k (64x64: 168) returns them all."""
     import onnxruntime as ort
 
+    from pipeline.modelprep.graph_edit import add_uint8_preprocessing
     from pipeline.tools.bench_engine import video_frames
     from pipeline.vision.retinaface import letterbox
-    from pipeline.modelprep.graph_edit import add_uint8_preprocessing
     from tests.conftest import data_path
 
     manifest = load_manifest("retinaface_mnet025")

@@ -21,7 +21,14 @@ import pytest
 from pipeline.config.credentials import export_credentials
 from pipeline.service.notify import Notifier
 from tests.conftest import ROOT
-from tests.running_daemon import NotifyListener, RunningDaemon, clip, daemons, wait_until, write_config  # noqa: F401
+from tests.running_daemon import (  # noqa: F401
+    NotifyListener,
+    RunningDaemon,
+    clip,
+    daemons,
+    wait_until,
+    write_config,
+)
 
 pytestmark = pytest.mark.slow
 

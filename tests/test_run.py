@@ -11,7 +11,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, data_path, run_cli
-from tests.running_daemon import RunningDaemon, daemons, wait_until  # noqa: F401  (daemons: a fixture)
+from tests.running_daemon import (  # noqa: F401  (daemons: a fixture)
+    RunningDaemon,
+    daemons,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 

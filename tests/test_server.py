@@ -22,7 +22,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import run_cli
-from tests.running_daemon import RunningDaemon, clip, free_port, wait_until, write_config
+from tests.running_daemon import (
+    RunningDaemon,
+    clip,
+    free_port,
+    wait_until,
+    write_config,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -247,3 +253,46 @@ def test_non_loopback_without_token_refuses_to_start(tmp_path: Path) -> None:
     done = run_cli("run", "--config", str(config), "--duration", "5", timeout=60)
     assert done.returncode == 2 and "not loopback: set server.token" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _camera_view(name: str, state: str, last_frame_mono: float | None, now: float, **kw: Any) -> Any:
+    from pipeline.capture.stats import CameraHealth
+    from pipeline.service.snapshot import CameraView
+
+    age = None if last_frame_mono is None else now - last_frame_mono
+    health = CameraHealth(name=name, state=state, source="demo", fps_in=10.0, fps_analysed=kw.pop("fps", 5.0),
+                          frames_in=10, frames_analysed=5, frames_skipped=5, reconnects_1h=0, stalls_1h=0,
+                          reconnects_total=0, last_frame_age_s=age, faces=kw.pop("faces", 0), quality="excellent")
+    fields = dict(name=name, stall_s=5.0, fps_max=15.0, health=health, capture_alive=True, state=state,
+                  last_frame_mono=last_frame_mono, started_mono=now - 60.0, slot_closed=False, worker_alive=True,
+                  worker_heartbeat=now, latency_ms=12.34, stalls_total=0, busy_skips=0, errors=0)
+    return CameraView(**(fields | kw))
+
+
+def test_status_reads_a_snapshot_not_the_daemon() -> None:
+    """Health, stage problems, the document and STATUS= come from a plain DaemonSnapshot (no daemon, no threads)."""
+    from pipeline.config.app import parse_config
+    from pipeline.service.snapshot import DaemonSnapshot, OutputView
+    from pipeline.service.status import check_health, stage_problems, status_document, status_line
+
+    now = 1000.0
+    cfg = parse_config("cameras: [{name: lobby, source: demo}, {name: door, source: demo}]\n")
+    snapshot = DaemonSnapshot(
+        taken_mono=now, cfg=cfg, ready=True, started=True, started_mono=now - 60.0, config_path="site.yaml",
+        config_loaded_at=1.5, reloads={"applied": 1, "rejected": 0}, commands_sent=4,
+        recent_commands=({"type": "command", "n": 1}, {"type": "command", "n": 2}), observations_dropped=0,
+        preview_fps=2.0, preview_renders=0, ws_enabled=True, ws_clients=1, ws_clients_dropped=0, mapper_alive=True,
+        mapper_heartbeat=now, server_present=True, server_alive=True,
+        cameras=(_camera_view("lobby", "streaming", now - 0.1, now, faces=1),
+                 _camera_view("door", "reconnecting", None, now, worker_heartbeat=now - 100.0)),
+        outputs=(OutputView("stdout", "stdout", 3, 0, 0, False),))
+    assert stage_problems(snapshot) == {"worker-door": "no heartbeat for 100 s", "output-stdout": "thread ended"}
+    report = check_health(snapshot)
+    assert report.status == "failing" and report.cameras == {"lobby": "ok", "door": "failing"}
+    assert report.problems[0] == "camera door: no frame since start 60.0 s ago (reconnecting)"
+    document = status_document(snapshot)
+    assert document["uptime_s"] == 60.0 and document["config"]["path"] == "site.yaml"
+    assert [c["latency_ms"] for c in document["cameras"]] == [12.3, 12.3]
+    assert [c["n"] for c in document["recent_commands"]] == [2, 1] and document["models"] == {}
+    assert status_line(snapshot) == ("1/2 cameras streaming (door reconnecting), 10.0 fps analysed, 1 face, "
+                                     "4 commands, 1 ws client")

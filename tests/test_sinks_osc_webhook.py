@@ -22,11 +22,17 @@ from pythonosc import dispatcher, osc_bundle, osc_packet, osc_server
 
 from pipeline.behavior.mapper import BehaviorMapper
 from pipeline.config.app import BehaviorConfig, OscOutput, WebhookOutput
-from pipeline.outputs.events import Event, camera_event, command_event, observation_event
-from pipeline.outputs.base import EventBus, create_sink
-from pipeline.outputs.osc import VMC_APPLY, VMC_VAL, VRM_PRESETS, OscSink
-from pipeline.outputs.webhook import WebhookSink
 from pipeline.core.types import CameraEvent
+from pipeline.outputs.base import EventBus
+from pipeline.outputs.events import (
+    Event,
+    camera_event,
+    command_event,
+    observation_event,
+)
+from pipeline.outputs.osc import VMC_APPLY, VMC_VAL, VRM_PRESETS, OscSink
+from pipeline.outputs.registry import create_sink
+from pipeline.outputs.webhook import WebhookSink
 from tests.conftest import data_path, run_cli
 from tests.test_behavior import observation, result, square
 
@@ -192,6 +198,33 @@ def test_vmc_one_command_is_one_bundle_of_every_preset_then_apply() -> None:
     assert messages[-1] == (VMC_APPLY, ())
     assert receiver.dispatched == messages  # the server dispatched them in this order
     assert (sink.sent, sink.failed, sink.dropped) == (1, 0, 0)
+
+
+def test_daemon_wiring_gives_vmc_the_rules_custom_presets_from_the_first_bundle() -> None:
+    """open_sinks (what the daemon calls) passes the rules' presets, so a custom one is reset before it is ever used."""
+    from pipeline.outputs.websocket import EventHub
+    from pipeline.service.parts import open_sinks
+
+    behavior = BehaviorConfig(rules=FEAR_RULE)
+    assert behavior.rule_presets() == ("relaxed", "neutral", "fear", "happy", "sad", "surprised")
+    (happy,) = commands_from_mapper(behavior, ["happy"])
+    with OscReceiver() as receiver:
+        (sink,) = open_sinks([OscOutput(port=receiver.port)], EventHub(), 1.0, behavior.rule_presets())
+        sink.offer(happy)
+        sink.close()
+        (_, messages), = receiver.wait_for(1)
+    assert [args[0] for _, args in messages[:-1]] == [*VRM_PRESETS, "fear"]
+
+
+def test_reload_reopens_outputs_when_the_rules_presets_change() -> None:
+    from pipeline.config.app import parse_config
+    from pipeline.service.reload import plan_reload
+
+    base = "cameras:\n  - {name: lobby, source: demo}\noutputs:\n  - {type: osc}\n"
+    fear = base + "behavior:\n  rules:\n    fear: {expression: {preset: fear}, tone: {style: calm}}\n"
+    calmer = base + "behavior:\n  min_confidence: 0.5\n"
+    assert plan_reload(parse_config(base), parse_config(fear)).outputs
+    assert not plan_reload(parse_config(base), parse_config(calmer)).outputs
 
 
 def test_vmc_sequence_resets_the_previous_preset_and_ignores_other_events() -> None:

@@ -14,7 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.running_daemon import RunningDaemon, clip, free_port, wait_until, write_config
+from tests.running_daemon import (
+    RunningDaemon,
+    clip,
+    free_port,
+    wait_until,
+    write_config,
+)
 
 pytestmark = pytest.mark.slow
 

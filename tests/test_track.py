@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.vision.track import IouTracker, iou_matrix
 from pipeline.core.types import Detection, EmotionScores
+from pipeline.vision.track import IouTracker, iou_matrix
 
 FPS = 30.0
 DT = 1.0 / FPS

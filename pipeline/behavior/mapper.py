@@ -36,10 +36,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.core.types import EMOTIONS, Command, EmotionScores, Expression, FaceResult, Observation, Tone
+from pipeline.core.types import (
+    EMOTIONS,
+    Command,
+    EmotionScores,
+    Expression,
+    FaceResult,
+    Observation,
+    Tone,
+)
 
 if TYPE_CHECKING:
-    from pipeline.config.app import BehaviorConfig
+    from pipeline.behavior.settings import BehaviorConfig
 
 STICKINESS = 1.2  # a new face must be this much larger (or closer to the centre) to take attention away
 FORGET_AFTER_S = 30.0  # a target (track) not seen for this long is forgotten, so "all" does not grow without bound

@@ -22,7 +22,7 @@ import numpy as np
 from pipeline.core.redact import mask_secrets
 
 if TYPE_CHECKING:
-    from pipeline.config.app import CameraConfig
+    from pipeline.capture.settings import CameraConfig
 
 log = logging.getLogger(__name__)
 

@@ -17,13 +17,19 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pipeline.capture.sources import (
+    OPEN_TIMEOUT_MS,
+    SourceEnded,
+    SourceError,
+    VideoSource,
+    open_source,
+)
 from pipeline.capture.stats import RateMeter, RecentEvents
 from pipeline.core.redact import mask_secrets
-from pipeline.capture.sources import OPEN_TIMEOUT_MS, SourceEnded, SourceError, VideoSource, open_source
 from pipeline.core.types import CameraEvent, CameraState, Frame
 
 if TYPE_CHECKING:
-    from pipeline.config.app import CameraConfig
+    from pipeline.capture.settings import CameraConfig
 
 log = logging.getLogger(__name__)
 

@@ -24,28 +24,10 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from pipeline.core.redact import mask_secrets
-
-Loc = tuple[str | int, ...]
+from pipeline.core.settings import MISSING, ConfigValueError, Loc
 
 MAX_VALUE_CHARS = 80
 """A value echoed in `(got …)` is cut to this many characters, so one long line cannot drown the message."""
-
-
-class _Missing:
-    """Sentinel type: an issue without a value to echo (a missing key has none; `None` is a real YAML value)."""
-
-    _instance: _Missing | None = None
-
-    def __new__(cls) -> _Missing:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "MISSING"
-
-
-MISSING: Any = _Missing()
 
 _ENV_REF = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}")
 _SECRET_VAR = re.compile(r"PASS|PWD|SECRET|TOKEN|KEY|CRED", re.IGNORECASE)
@@ -97,19 +79,6 @@ class ConfigError(Exception):
     def __init__(self, issues: list[ConfigIssue]) -> None:
         self.issues = list(issues)
         super().__init__("\n".join(issue.format() for issue in self.issues))
-
-
-class ConfigValueError(ValueError):
-    """A ValueError raised by a model validator that knows which sub-key is wrong.
-
-    Pydantic locates a model-level validator's error at the model itself; `key` (relative to that model) lets the
-    error point at the line of the offending key instead, and `value` says what to echo in `(got …)`.
-    """
-
-    def __init__(self, message: str, key: str | Loc = (), value: object = MISSING) -> None:
-        super().__init__(message)
-        self.key: Loc = (key,) if isinstance(key, str) else tuple(key)
-        self.value = value
 
 
 @dataclass

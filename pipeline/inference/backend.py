@@ -1,21 +1,26 @@
 """The Backend role: something that runs one model on a batch, on one of several lanes.
 
-Backends are looked up by the YAML's `inference.backend` through a registry of *module paths*, so an optional runtime
-(TensorRT, pycuda, onnxruntime-gpu) is imported only when it is configured, and its absence is a clear error.
+Backends are looked up by the YAML's `inference.backend` through a registry of *module paths* (pipeline.core.registry),
+so an optional runtime (TensorRT, onnxruntime-gpu, cuda-python) is imported only when it is configured, and its
+absence is a clear error. Each backend module declares `PLUGIN = Plugin(name, settings, backend class)`.
+
+A backend is told everything it needs in a `ModelRuntime` (built by Perception from the configuration): it never
+guesses, e.g. the detector's input size, which a TensorRT engine fixes at build time, is in the spec.
 """
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+from pydantic import BaseModel
+
+from pipeline.core.registry import PluginError, Registry
 
 if TYPE_CHECKING:
-    from pipeline.config.app import InferenceConfig
     from pipeline.modelprep.manifest import ModelManifest
 
 
@@ -32,6 +37,65 @@ class TensorSpec:
     dtype: np.dtype
 
 
+class InferenceSettings(Protocol):
+    """What `ModelRuntime.from_config` reads; the `inference:` section (InferenceConfig) is one."""
+
+    @property
+    def backend(self) -> str: ...
+
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def precision(self) -> str: ...
+
+    @property
+    def max_batch(self) -> int: ...
+
+    @property
+    def lanes(self) -> int: ...
+
+    @property
+    def threads(self) -> int: ...
+
+    @property
+    def batch_step(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class ModelRuntime:
+    """How one model is to run: everything a backend's `create` may read, decided by the caller.
+
+    input_size: (width, height) of the model's input when the configuration sets it (the detector:
+    detector.input_size); None when the model's manifest fixes it. options: the backend's own settings model (the
+    `settings` of its PLUGIN, e.g. TensorRTSettings), or None for a backend without settings.
+    """
+
+    backend: str
+    device: str
+    precision: str
+    max_batch: int
+    lanes: int = 1
+    threads: int = 0
+    batch_step: int = 4
+    input_size: tuple[int, int] | None = None
+    options: BaseModel | None = None
+
+    @classmethod
+    def from_config(cls, cfg: InferenceSettings, *, precision: str | None = None,
+                    input_size: tuple[int, int] | None = None) -> ModelRuntime:
+        """The spec for one model from the `inference:` section.
+
+        precision: the one this model actually runs in, when it differs from the configured one (a refused int8).
+        A backend's own settings are the `inference:` key named after it (`inference.tensorrt`), so they are passed
+        only to the backend that is configured."""
+        options = getattr(cfg, cfg.backend, None)
+        return cls(backend=cfg.backend, device=cfg.device, precision=precision or cfg.precision,
+                   max_batch=cfg.max_batch, lanes=cfg.lanes, threads=cfg.threads, batch_step=cfg.batch_step,
+                   input_size=None if input_size is None else (int(input_size[0]), int(input_size[1])),
+                   options=options if isinstance(options, BaseModel) else None)
+
+
 class Backend(ABC):
     """Runs one model. `run` may be called from `lanes` threads at once, each with its own lane index."""
 
@@ -45,15 +109,17 @@ class Backend(ABC):
 
     @classmethod
     @abstractmethod
-    def create(cls, cfg: InferenceConfig, model: ModelManifest, model_path: Path) -> Backend:
-        """Load `model_path` as configured; raise BackendError with a fix when that is impossible."""
+    def create(cls, spec: ModelRuntime, model: ModelManifest, model_path: Path) -> Backend:
+        """Load `model_path` as `spec` says; raise BackendError with a fix when that is impossible."""
 
     @abstractmethod
     def run(self, batch: dict[str, np.ndarray], lane: int = 0) -> dict[str, np.ndarray]:
         """Run one batch (leading dimension = batch size) and return every output by name."""
 
     def staging(self, lane: int, batch: int, item_shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
-        """A host buffer the batcher may stack `batch` items into (pinned memory on GPU backends), or None."""
+        """A host buffer the batcher may stack `batch` items into (pinned memory on GPU backends), or None.
+
+        It stays valid until the lane's next run or close(): one thread per lane (the batcher's runner) may use it."""
         return None
 
     def warm_up(self, item_shape: tuple[int, ...], dtype: np.dtype, lane: int = 0) -> None:
@@ -69,23 +135,26 @@ class Backend(ABC):
         """Release sessions, contexts and buffers. Safe to call twice."""
 
 
-# name in YAML -> "module:Class"; modules are imported only when chosen.
-_REGISTRY: dict[str, str] = {
-    "onnxruntime": "pipeline.inference.onnxruntime:OnnxRuntimeBackend",
-    "tensorrt": "pipeline.inference.gpu.tensorrt:TensorRTBackend",
-}
+BACKENDS: Registry[type[Backend]] = Registry("inference.backend", {
+    "onnxruntime": "pipeline.inference.onnxruntime",
+    "tensorrt": "pipeline.inference.gpu.tensorrt",
+})
 
 
 def backend_names() -> list[str]:
-    return sorted(_REGISTRY)
+    return BACKENDS.names()
 
 
-def create_backend(cfg: InferenceConfig, model: ModelManifest, model_path: Path) -> Backend:
-    """Instantiate the backend named by `cfg.backend` for `model_path` (an ONNX file of the configured precision)."""
-    target = _REGISTRY.get(cfg.backend)
-    if target is None:
-        raise BackendError(f"unknown inference.backend {cfg.backend!r} (available: {', '.join(backend_names())})")
-    module_name, class_name = target.split(":")
-    module = importlib.import_module(module_name)
-    backend_class: type[Backend] = getattr(module, class_name)
-    return backend_class.create(cfg, model, model_path)
+def create_backend(spec: ModelRuntime, model: ModelManifest, model_path: Path) -> Backend:
+    """Instantiate the backend `spec.backend` names for `model_path` (an ONNX file of `spec.precision`).
+
+    Options left out get the backend's defaults; options of another backend's type are refused."""
+    try:
+        plugin = BACKENDS.get(spec.backend)
+    except PluginError as exc:
+        raise BackendError(str(exc)) from exc
+    if spec.options is None and plugin.settings is not None:
+        spec = replace(spec, options=plugin.settings())
+    elif spec.options is not None and (plugin.settings is None or not isinstance(spec.options, plugin.settings)):
+        raise BackendError(f"inference.backend {spec.backend} does not take {type(spec.options).__name__} options")
+    return plugin.implementation.create(spec, model, model_path)

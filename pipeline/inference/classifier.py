@@ -1,17 +1,17 @@
-"""Emotion classifier pre/post-processing, driven by the model manifest (size, colour, labels)."""
+"""The emotion classifier: the model behind the shared BatchedModel, fed by vision's FaceCropper, both configured
+by the model's manifest (input size, colour, label order)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Future
 
-import cv2
 import numpy as np
 
-from pipeline.vision.align import align_face, box_crop
+from pipeline.core.types import Detection, EmotionScores
 from pipeline.inference.batching import BatchedModel
 from pipeline.modelprep.manifest import ModelManifest
-from pipeline.core.types import Detection, EmotionScores
+from pipeline.vision.faces import FaceCropper
 
 
 class EmotionClassifier:
@@ -21,35 +21,22 @@ class EmotionClassifier:
         if manifest.input.size is None:
             raise ValueError(f"emotion model {manifest.name}: manifest input.size is required")
         self.model = model
+        self.cropper = FaceCropper(manifest.input.size, manifest.input.color, crop, box_margin)
         self.size: tuple[int, int] = manifest.input.size
-        self.gray = manifest.input.color == "gray"
-        self.rgb = manifest.input.color == "rgb"
-        self.crop = crop
-        self.box_margin = box_margin
         self._order = np.asarray(manifest.canonical_order())
         self._output = manifest.outputs[0]
 
+    @property
+    def channels(self) -> int:
+        return self.cropper.channels
+
     def face_crop(self, image: np.ndarray, face: Detection) -> np.ndarray:
         """The classifier's input for one face of a BGR frame: H x W x C uint8."""
-        if self.crop == "align":
-            patch = align_face(image, face.landmarks, self.size)
-        else:
-            patch = box_crop(image, face.box, self.size, self.box_margin)
-        return self.from_bgr(patch)
-
-    def from_bgr(self, patch: np.ndarray) -> np.ndarray:
-        """Convert a BGR patch already of the right size to the model's colour; always returns H x W x C."""
-        if self.gray:
-            return cv2.cvtColor(patch, cv2.COLOR_BGR2GRAY)[:, :, None]
-        if self.rgb:
-            return np.ascontiguousarray(patch[:, :, ::-1])
-        return patch
+        return self.cropper.face_crop(image, face)
 
     def crop_from_still(self, image: np.ndarray) -> np.ndarray:
         """An image that is already one face crop (FER2013-style datasets): resize to the model's input."""
-        if image.ndim == 2:
-            image = cv2.cvtColor(image, cv2.COLOR_GRAY2BGR)
-        return self.from_bgr(cv2.resize(image, self.size, interpolation=cv2.INTER_LINEAR))
+        return self.cropper.crop_from_still(image)
 
     def submit(self, crops: Sequence[np.ndarray]) -> list[Future[dict[str, np.ndarray]]]:
         return [self.model.submit(crop) for crop in crops]

@@ -1,6 +1,8 @@
 """ONNX Runtime backend: CPU everywhere, CUDA or ONNX Runtime's TensorRT provider where those runtimes exist.
 
-One InferenceSession serves every lane: `InferenceSession.run` is thread-safe, so K lanes are K batches in flight.
+Each lane has its own session(s), so K lanes are K batches in flight: on the CPU one session per lane (lanes sharing
+one session would queue on its intra-op thread pool); on CUDA a lane (gpu/cuda_lane.py) has its own stream and one
+session per padded batch size. Registered as the `onnxruntime` backend; it has no settings of its own.
 """
 
 from __future__ import annotations
@@ -11,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipeline.inference.backend import Backend, BackendError, TensorSpec
-from pipeline.config.app import InferenceConfig
-from pipeline.modelprep.manifest import ModelManifest
+from pipeline.core.registry import Plugin
+from pipeline.inference.backend import Backend, BackendError, ModelRuntime, TensorSpec
 
 if TYPE_CHECKING:
     from pipeline.inference.gpu.cuda_lane import CudaLane
+    from pipeline.modelprep.manifest import ModelManifest
 
 log = logging.getLogger(__name__)
 
@@ -56,64 +58,81 @@ class OnnxRuntimeBackend(Backend):
 
     name = "onnxruntime"
 
-    def __init__(self, sessions: list[Any], cfg: InferenceConfig, model_path: Path,
+    def __init__(self, sessions: list[Any], spec: ModelRuntime, model_path: Path,
                  lanes: list[CudaLane] | None = None) -> None:
         first = sessions[0]
         inputs = [_spec(i) for i in first.get_inputs()]
         outputs = [_spec(o) for o in first.get_outputs()]
-        super().__init__(inputs, outputs, max_batch=cfg.max_batch, lanes=cfg.lanes)
+        super().__init__(inputs, outputs, max_batch=spec.max_batch, lanes=spec.lanes)
         self._sessions = sessions
         self._cuda_lanes = lanes or []
         self._output_names = [o.name for o in outputs]
-        self._device = cfg.device
-        self._precision = cfg.precision
+        self._device = spec.device
+        self._precision = spec.precision
         self._model_path = model_path
 
     @classmethod
-    def create(cls, cfg: InferenceConfig, model: ModelManifest, model_path: Path) -> OnnxRuntimeBackend:
+    def create(cls, spec: ModelRuntime, model: ModelManifest, model_path: Path) -> OnnxRuntimeBackend:
         ort = _import_ort()
-        if cfg.device in _NEEDS:
-            provider, package = _NEEDS[cfg.device]
+        if spec.device in _NEEDS:
+            provider, package = _NEEDS[spec.device]
             if provider not in ort.get_available_providers():
-                raise BackendError(f"inference.device {cfg.device} needs {provider}, which this onnxruntime "
+                raise BackendError(f"inference.device {spec.device} needs {provider}, which this onnxruntime "
                                    f"({ort.__version__}) lacks; install {package}")
-        if cfg.device != "cuda":
+        if spec.device != "cuda":
             # One session per lane: concurrent runs of one session share its intra-op thread pool, so lanes
             # would queue on it instead of running side by side (measured with bench pipeline on 2 cores).
-            providers = _providers(cfg.device, model.name, cfg.precision)
-            return cls([_session(ort, cfg, model, model_path, providers) for _ in range(cfg.lanes)], cfg, model_path)
-        from pipeline.inference.gpu.cuda_lane import CudaLane, create_stream, load_cudart
+            providers = _providers(spec.device, model.name, spec.precision)
+            sessions = [_session(ort, spec.threads, model, model_path, providers) for _ in range(spec.lanes)]
+            return cls(sessions, spec, model_path)
+        return cls._create_cuda(ort, spec, model, model_path)
 
-        cudart = load_cudart()
+    @classmethod
+    def _create_cuda(cls, ort: Any, spec: ModelRuntime, model: ModelManifest, model_path: Path) -> OnnxRuntimeBackend:
+        """`spec.lanes` CUDA lanes, each with its stream and a session per padded batch size (see cuda_lane)."""
+        from pipeline.inference.gpu.cuda import load_runtime
+        from pipeline.inference.gpu.cuda_lane import CudaLane
+
+        load_runtime()  # a missing cuda-python is a BackendError naming it, before any session is made
         # Names come from a CPU session: the CUDA sessions are made per lane and batch size (see cuda_lane).
-        probe = _session(ort, cfg, model, model_path, ["CPUExecutionProvider"])
+        probe = _session(ort, spec.threads, model, model_path, ["CPUExecutionProvider"])
         input_name, outputs = probe.get_inputs()[0].name, [o.name for o in probe.get_outputs()]
 
         # The CUDA provider barely uses CPU threads; the library default is one per core for every session
         # (16 on the H200 machine), times lanes and padded sizes.
-        cuda_cfg = cfg.model_copy(update={"threads": cfg.threads or 1})
+        threads = spec.threads or 1
         shared_arena = share_cuda_arena(ort)
 
         def cuda_session(stream: int) -> Any:
             options = {"user_compute_stream": str(stream), "cudnn_conv_algo_search": "HEURISTIC"}
-            return _session(ort, cuda_cfg, model, model_path, [("CUDAExecutionProvider", options)], shared_arena)
+            return _session(ort, threads, model, model_path, [("CUDAExecutionProvider", options)], shared_arena)
 
-        lanes = [CudaLane(cudart, cuda_session, create_stream(cudart), input_name, outputs, cfg.max_batch,
-                          cfg.batch_step) for _ in range(cfg.lanes)]
-        return cls([probe], cfg, model_path, lanes)
+        lanes: list[CudaLane] = []
+        try:
+            for index in range(spec.lanes):
+                lanes.append(CudaLane(cuda_session, input_name, outputs, spec.max_batch, spec.batch_step,
+                                      what=f"{model.name} lane {index}"))
+        except BaseException:
+            for lane in lanes:
+                lane.close()
+            raise
+        return cls([probe], spec, model_path, lanes)
 
     def staging(self, lane: int, batch: int, item_shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
-        if not self._cuda_lanes:
+        lanes = self._cuda_lanes  # read once: close() swaps the list
+        if not lanes:
             return None
-        return self._cuda_lanes[lane].staging(batch, item_shape, dtype)
+        return lanes[lane].staging(batch, item_shape, dtype)
 
     def warm_up(self, item_shape: tuple[int, ...], dtype: np.dtype, lane: int = 0) -> None:
-        if self._cuda_lanes:
-            self._cuda_lanes[lane].warm(item_shape, dtype)
+        lanes = self._cuda_lanes
+        if lanes:
+            lanes[lane].warm(item_shape, dtype)
 
     def run(self, batch: dict[str, np.ndarray], lane: int = 0) -> dict[str, np.ndarray]:
-        if self._cuda_lanes:
-            return self._cuda_lanes[lane].run(batch[self.inputs[0].name])
+        lanes = self._cuda_lanes
+        if lanes:
+            return lanes[lane].run(batch[self.inputs[0].name])  # a closed lane refuses with a BackendError
         values = self._sessions[lane].run(self._output_names, batch)
         return dict(zip(self._output_names, values))
 
@@ -123,9 +142,10 @@ class OnnxRuntimeBackend(Backend):
                 "providers": ",".join(providers), "lanes": str(self.lanes), "file": self._model_path.name}
 
     def close(self) -> None:
-        for lane in self._cuda_lanes:
+        """Each CUDA lane waits for its run in flight before its buffers and stream go."""
+        lanes, self._cuda_lanes = self._cuda_lanes, []
+        for lane in lanes:
             lane.close()
-        self._cuda_lanes = []
         self._sessions = []
 
 
@@ -145,8 +165,8 @@ def share_cuda_arena(ort: Any, device_id: int = 0) -> bool:
 
     Each lane keeps a session per padded batch size (see cuda_lane.py), and each session's own arena holds the
     activations of its largest run for good. Measured on the H200 (BENCHMARKS.md, ort_cuda_probe): each extra
-    detector session took ~400 MB with its own arena, ~150 MB with the shared one. Where this ONNX Runtime cannot share (an old build), sessions keep their own
-    arenas: more memory, same results."""
+    detector session took ~400 MB with its own arena, ~150 MB with the shared one. Where this ONNX Runtime cannot
+    share (an old build), sessions keep their own arenas: more memory, same results."""
     if device_id in _SHARED_ARENAS:
         return True
     try:
@@ -160,14 +180,15 @@ def share_cuda_arena(ort: Any, device_id: int = 0) -> bool:
     return True
 
 
-def _session(ort: Any, cfg: InferenceConfig, model: ModelManifest, model_path: Path,
+def _session(ort: Any, threads: int, model: ModelManifest, model_path: Path,
              providers: list[Any], shared_arena: bool = False) -> Any:
+    """One InferenceSession; `threads` intra-op threads (0 = the library default)."""
     options = ort.SessionOptions()
     if shared_arena:
         options.add_session_config_entry("session.use_env_allocators", "1")
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if cfg.threads:
-        options.intra_op_num_threads = cfg.threads
+    if threads:
+        options.intra_op_num_threads = threads
     # Idle intra-op threads would otherwise spin for a while after each run, burning the cores that capture and
     # the other model need (measured: see BENCHMARKS.md, bench pipeline on 2 cores).
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -182,3 +203,6 @@ def _spec(arg: object) -> TensorSpec:
     shape = tuple(d if isinstance(d, int) else -1 for d in arg.shape)  # type: ignore[attr-defined]
     dtype = np.dtype(_ORT_TYPES.get(arg.type, np.float32))  # type: ignore[attr-defined]
     return TensorSpec(arg.name, shape, dtype)  # type: ignore[attr-defined]
+
+
+PLUGIN = Plugin("onnxruntime", None, OnnxRuntimeBackend)

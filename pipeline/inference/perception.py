@@ -8,32 +8,51 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-from pipeline.inference.backend import create_backend
+from pipeline.core.types import Detection, EmotionScores
+from pipeline.inference.backend import ModelRuntime, create_backend
 from pipeline.inference.batching import BatchedModel
-from pipeline.config.app import AppConfig, InferenceConfig
-from pipeline.vision.retinaface import FaceDetector
 from pipeline.inference.classifier import EmotionClassifier
+from pipeline.inference.detector import FaceDetector
+from pipeline.inference.settings import DetectorConfig, EmotionConfig, InferenceConfig
 from pipeline.modelprep.manifest import ModelManifest, load_manifest
 from pipeline.modelprep.prepare import ensure_model
-from pipeline.core.types import Detection, EmotionScores
 
 log = logging.getLogger(__name__)
 
 RESULT_TIMEOUT_S = 10.0
 
 
-def load_batched_model(manifest: ModelManifest, cfg: InferenceConfig, auto_prepare: bool = True) -> BatchedModel:
-    """Prepare (if needed), verify and load one model, wrapped in its dynamic batcher."""
+class PerceptionSettings(Protocol):
+    """The sections Perception reads; the whole configuration (`AppConfig`) is one, without this wing importing it."""
+
+    @property
+    def detector(self) -> DetectorConfig: ...
+
+    @property
+    def emotion(self) -> EmotionConfig: ...
+
+    @property
+    def inference(self) -> InferenceConfig: ...
+
+
+def load_batched_model(manifest: ModelManifest, cfg: InferenceConfig, auto_prepare: bool = True,
+                       input_size: tuple[int, int] | None = None) -> BatchedModel:
+    """Prepare (if needed), verify and load one model, wrapped in its dynamic batcher.
+
+    input_size: (width, height) when the configuration sets the model's input size (the detector's
+    detector.input_size). The backend is told it because a TensorRT engine is built for one size; a model whose
+    manifest fixes its size ignores it."""
     precision = manifest.effective_precision(cfg.precision)
     if precision != cfg.precision:
         log.warning("%s: %s refused (%s); running it in %s", manifest.name, cfg.precision,
                     manifest.refused_precisions[cfg.precision], precision)
-        cfg = cfg.model_copy(update={"precision": precision})
     path = ensure_model(manifest, precision, auto_prepare=auto_prepare)
-    backend = create_backend(cfg, manifest, path)
+    size = None if manifest.input.size is not None else input_size
+    backend = create_backend(ModelRuntime.from_config(cfg, precision=precision, input_size=size), manifest, path)
     log.info("%s: %s", manifest.name, ", ".join(f"{k}={v}" for k, v in backend.describe().items()))
     return BatchedModel(backend, manifest.name, cfg.max_batch, cfg.max_delay_ms, cfg.queue_size)
 
@@ -46,10 +65,10 @@ class Perception:
     classifier: EmotionClassifier
 
     @classmethod
-    def from_config(cls, cfg: AppConfig, auto_prepare: bool = True) -> Perception:
+    def from_config(cls, cfg: PerceptionSettings, auto_prepare: bool = True) -> Perception:
         det_manifest = load_manifest(cfg.detector.model)
         emo_manifest = load_manifest(cfg.emotion.model)
-        detector_model = load_batched_model(det_manifest, cfg.inference, auto_prepare)
+        detector_model = load_batched_model(det_manifest, cfg.inference, auto_prepare, cfg.detector.input_size)
         emotion_model = load_batched_model(emo_manifest, cfg.inference, auto_prepare)
         return cls(FaceDetector(detector_model, cfg.detector),
                    EmotionClassifier(emotion_model, emo_manifest, cfg.emotion.crop, cfg.emotion.box_margin))
@@ -59,7 +78,7 @@ class Perception:
         width, height = self.detector.input_size
         self.detector.model.warm_up((height, width, 3), np.dtype(np.uint8))
         w, h = self.classifier.size
-        channels = 1 if self.classifier.gray else 3
+        channels = self.classifier.channels
         self.classifier.model.warm_up((h, w, channels), np.dtype(np.uint8))
         self.detector.detect(np.zeros((height, width, 3), np.uint8), RESULT_TIMEOUT_S)
         self.classifier.classify([self.classifier.crop_from_still(np.zeros((h, w, 3), np.uint8))], RESULT_TIMEOUT_S)

@@ -129,6 +129,10 @@ class ModelManifest(_Strict):
         return [names.index(e) for e in EMOTIONS]
 
 
+class ModelError(RuntimeError):
+    """A model cannot be obtained, converted, verified or loaded. The message names the model and the fix."""
+
+
 class ManifestError(ValueError):
     """A manifest is missing or invalid."""
 

@@ -30,15 +30,11 @@ from pipeline.modelprep.graph_edit import (
     add_uint8_preprocessing,
     candidate_node_names,
 )
-from pipeline.modelprep.manifest import MODELS_DIR, ModelManifest, Precision
+from pipeline.modelprep.manifest import MODELS_DIR, ModelError, ModelManifest, Precision
 
 log = logging.getLogger(__name__)
 
 CACHE_DIR = MODELS_DIR / "cache"
-
-
-class ModelError(RuntimeError):
-    """A model cannot be obtained, converted, verified or loaded. The message names the model and the fix."""
 
 
 def sha256_of(data: bytes | Path) -> str:

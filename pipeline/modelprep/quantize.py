@@ -17,8 +17,8 @@ import numpy as np
 import onnx
 from onnx import version_converter
 
-from pipeline.modelprep.manifest import ModelManifest
-from pipeline.modelprep.prepare import PREPARED_INPUT, PREPROCESSING_NODES, ModelError
+from pipeline.modelprep.graph_edit import PREPARED_INPUT, PREPROCESSING_NODES
+from pipeline.modelprep.manifest import ModelError, ModelManifest
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,12 @@ def calibration_batches(manifest: ModelManifest, folder: Path) -> Iterator[np.nd
 
 def quantize_int8(manifest: ModelManifest, fp32_path: Path, out_path: Path, calib_dir: Path | None) -> None:
     """Write the QDQ int8 model for `manifest` from its prepared fp32 file."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     if calib_dir is None or not calib_dir.is_dir():
         raise ModelError(f"{manifest.name}: int8 needs --calib DIR, a folder of face images (got {calib_dir})")

@@ -5,16 +5,28 @@ A sink that is slow or broken drops (and counts) its own events; it can never st
 
 from __future__ import annotations
 
-import importlib
 import logging
 import queue
 import threading
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Literal
 
+from pipeline.core.settings import StrictModel
 from pipeline.outputs.events import Event
 
 log = logging.getLogger(__name__)
+
+EventName = Literal["observation", "command", "camera"]
+ALL_EVENTS: tuple[EventName, ...] = ("observation", "command", "camera")
+
+
+class OutputSettings(StrictModel):
+    """Base of every output's settings. Each subclass declares `type` (a Literal: the registry key) and `events` (the
+    event types it receives) in its own field order: validators may read fields declared before them."""
+
+    def describe(self) -> str:
+        """One line for `check-config`; outputs with an address override it (credentials masked)."""
+        return f"{getattr(self, 'type', '?')} [{', '.join(getattr(self, 'events', None) or ())}]"
 
 
 class Sink(ABC):
@@ -30,6 +42,11 @@ class Sink(ABC):
         self.failed = 0
         self._queue: queue.Queue[Event | None] = queue.Queue(maxsize=queue_size)
         self._thread = threading.Thread(target=self._loop, name=f"sink-{self.type_name}", daemon=True)
+
+    @classmethod
+    def from_settings(cls, cfg: Any, **context: Any) -> Sink:
+        """The sink for `cfg`; outputs that use daemon-wide context (e.g. the rules' presets) override this."""
+        return cls(cfg, getattr(cfg, "queue_size", 1024))
 
     def start(self) -> None:
         self.open()
@@ -79,23 +96,6 @@ class Sink(ABC):
             log.warning("output %s: queue still full at shutdown, %d events dropped", self.type_name,
                         self._queue.qsize())
         self._thread.join(timeout)
-
-
-_REGISTRY: dict[str, str] = {
-    "stdout": "pipeline.outputs.stdout:StdoutSink",
-    "websocket": "pipeline.outputs.websocket:WebsocketSink",
-    "osc": "pipeline.outputs.osc:OscSink",
-    "webhook": "pipeline.outputs.webhook:WebhookSink",
-}
-
-
-def create_sink(cfg: Any) -> Sink:
-    target = _REGISTRY.get(cfg.type)
-    if target is None:
-        raise ValueError(f"output type {cfg.type!r} is not available yet (available: {', '.join(sorted(_REGISTRY))})")
-    module_name, class_name = target.split(":")
-    sink_class: type[Sink] = getattr(importlib.import_module(module_name), class_name)
-    return sink_class(cfg, getattr(cfg, "queue_size", 1024))
 
 
 class EventBus:

@@ -1,8 +1,9 @@
-"""The JSON events of SPEC.md: observation, command, camera. One function per event type, nothing else."""
+"""The JSON events of SPEC.md: observation, command, camera, config. One function per event type, nothing else."""
 
 from __future__ import annotations
 
 import time
+from os import PathLike
 from typing import Any
 
 from pipeline.core.redact import mask_secrets
@@ -62,3 +63,15 @@ def command_event(cmd: Command) -> Event:
 def camera_event(event: CameraEvent) -> Event:
     return {"type": "camera", "camera": event.camera, "ts": round(event.ts, 3), "state": event.state,
             "detail": mask_secrets(event.detail)}
+
+
+def config_event(status: str, path: str | PathLike[str] | None, changes: list[str] | None = None,
+                 errors: list[str] | None = None) -> Event:
+    """A SIGHUP reload's outcome: `applied` with the phrases of what changed, or `rejected` with every error."""
+    event: Event = {"type": "config", "camera": None, "ts": round(time.time(), 3), "status": status,
+                    "path": str(path)}
+    if changes is not None:
+        event["changes"] = changes
+    if errors is not None:
+        event["errors"] = errors
+    return event

@@ -27,13 +27,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pythonosc import osc_bundle_builder, udp_client
 from pythonosc.osc_message_builder import OscMessageBuilder
 
+from pipeline.core.registry import Plugin
+from pipeline.core.settings import PRESET_NAME, ConfigValueError
+from pipeline.outputs.base import ALL_EVENTS, EventName, OutputSettings, Sink
 from pipeline.outputs.events import Event
-from pipeline.outputs.base import Sink
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,59 @@ def _message(address: str, *args: Any) -> Any:
     return builder.build()
 
 
+class OscOutput(OutputSettings):
+    """Events sent over OSC/UDP, e.g. to a VMC-protocol avatar app (address scheme in `pipeline.outputs.osc`)."""
+
+    type: Literal["osc"] = Field("osc", description="Output kind.")
+    host: str = Field("127.0.0.1", min_length=1, description="Receiver host name or IP address.")
+    port: int = Field(39539, ge=1, le=65535, description="Receiver UDP port (39539 is the VMC default).")
+    protocol: Literal["vmc", "plain"] = Field("vmc", description="vmc: each command is one bundle of "
+                                              "/VMC/Ext/Blend/Val (name, value) for every preset followed by "
+                                              "/VMC/Ext/Blend/Apply; plain: /emotion/<camera>/command, .../tone, "
+                                              ".../faces, .../top and .../state messages.")
+    presets: list[str] = Field(default_factory=list, description="vmc: custom expression names to reset to 0 in "
+                               "every bundle, besides the VRM 1.0 presets and the custom names the rules use.")
+    events: list[EventName] | None = Field(None, description="Event types sent; left out = what the protocol "
+                                           "carries: vmc commands only; plain commands, observations and camera "
+                                           "states.")
+    queue_size: int = Field(256, ge=1, le=100_000, description="Events buffered before new ones are dropped "
+                                                               "(and counted).")
+
+    @field_validator("presets")
+    @classmethod
+    def _check_presets(cls, value: list[str]) -> list[str]:
+        """The names become OSC string arguments; keep them to the alphabet of rule presets."""
+        for index, name in enumerate(value):
+            if not PRESET_NAME.match(name):
+                raise ConfigValueError("must be a non-empty name of letters, digits, '_', '.' or '-'",
+                                       key=(index,), value=name)
+        return value
+
+    @field_validator("events")
+    @classmethod
+    def _vmc_sends_commands(cls, value: list[EventName] | None, info: ValidationInfo) -> list[EventName] | None:
+        """VMC has no message for an observation or a camera state; asking for them is a misunderstanding.
+
+        A field validator rather than a model one, so the error is located at `events` inside the outputs union.
+        """
+        if value is not None and not value:
+            raise ValueError("list at least one event type: observation, command, camera")
+        if value is not None and info.data.get("protocol") == "vmc" and set(value) != {"command"}:
+            raise ValueError("protocol vmc sends commands only: use events: [command] (or leave it out), or "
+                             "protocol: plain for observations and camera states")
+        return value
+
+    def describe(self) -> str:
+        return f"osc {self.host}:{self.port} ({self.protocol})"
+
+    @model_validator(mode="after")
+    def _events_for_protocol(self) -> OscOutput:
+        """Left out, `events` becomes what the protocol carries, so every consumer sees a plain list."""
+        if self.events is None:
+            self.__dict__["events"] = ["command"] if self.protocol == "vmc" else list(ALL_EVENTS)
+        return self
+
+
 class OscSink(Sink):
     type_name = "osc"
 
@@ -60,6 +116,11 @@ class OscSink(Sink):
         names = [*VRM_PRESETS, *presets, *getattr(cfg, "presets", ())]
         self.presets: dict[str, None] = dict.fromkeys(names)  # an ordered set
         self._client: udp_client.SimpleUDPClient | None = None
+
+    @classmethod
+    def from_settings(cls, cfg: Any, **context: Any) -> OscSink:
+        """`presets` in the context: the custom expression names the behaviour rules use."""
+        return cls(cfg, presets=context.get("presets", ()))
 
     def open(self) -> None:
         try:
@@ -118,3 +179,6 @@ class OscSink(Sink):
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+PLUGIN = Plugin("osc", OscOutput, OscSink)

@@ -30,7 +30,7 @@ MSTTS_NS = "https://www.w3.org/2001/mstts"
 
 
 class ToneLike(Protocol):
-    """`pipeline.core.types.Tone` or `pipeline.config.app.ToneConfig`: both carry these attributes."""
+    """`pipeline.core.types.Tone` or `pipeline.behavior.settings.ToneConfig`: both carry these attributes."""
 
     @property
     def style(self) -> str: ...

@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
+from pydantic import Field
+
+from pipeline.core.registry import Plugin
+from pipeline.outputs.base import ALL_EVENTS, EventName, OutputSettings, Sink
 from pipeline.outputs.events import Event
-from pipeline.outputs.base import Sink
+
+
+class StdoutOutput(OutputSettings):
+    """Events as JSON lines on standard output."""
+
+    type: Literal["stdout"] = Field("stdout", description="Output kind.")
+    events: list[EventName] = Field(default_factory=lambda: list(ALL_EVENTS), min_length=1,
+                                    description="Event types written: observation, command, camera.")
 
 
 class StdoutSink(Sink):
@@ -20,3 +31,6 @@ class StdoutSink(Sink):
     def write(self, event: Event) -> None:
         self._stream.write(json.dumps(event, separators=(",", ":")) + "\n")
         self._stream.flush()
+
+
+PLUGIN = Plugin("stdout", StdoutOutput, StdoutSink)

@@ -19,20 +19,68 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
+from pydantic import Field, ValidationInfo, field_validator
 
-from pipeline.outputs.events import Event
 from pipeline.core.redact import mask_secrets
-from pipeline.outputs.base import Sink
+from pipeline.core.registry import Plugin
+from pipeline.outputs.base import EventName, OutputSettings, Sink
+from pipeline.outputs.events import Event
 
 USER_AGENT = "emotion-pipeline-webhook/1"
 
 
 class WebhookError(RuntimeError):
     """A webhook event given up on; the message is safe to log (no token, no URL password)."""
+
+
+class WebhookOutput(OutputSettings):
+    """Events POSTed as JSON to an HTTP endpoint."""
+
+    type: Literal["webhook"] = Field("webhook", description="Output kind.")
+    url: str = Field(description="Endpoint receiving a POST per event; http:// or https://.")
+    timeout_s: float = Field(2.0, gt=0, le=60, description="Timeout of one request, in seconds.")
+    retries: int = Field(2, ge=0, le=10, description="Retries of a request that failed to connect, timed out "
+                                                     "or got a 5xx answer, before the event is dropped (and "
+                                                     "counted as failed); a 4xx answer is never retried.")
+    backoff_s: float = Field(0.5, gt=0, le=60, description="Wait before the first retry, in seconds; doubles "
+                                                           "before each further retry.")
+    bearer_token: str | None = Field(None, description="Sent as `Authorization: Bearer TOKEN` when set; never "
+                                                       "logged. Use ${VAR} to keep it out of the file.")
+    events: list[EventName] = Field(default_factory=lambda: ["command"], min_length=1,
+                                    description="Event types posted (default: commands only).")
+    queue_size: int = Field(256, ge=1, le=100_000, description="Events buffered before new ones are dropped "
+                                                               "(and counted).")
+
+    def describe(self) -> str:
+        return f"webhook {mask_secrets(self.url)} [{', '.join(self.events)}]"
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        """Only HTTP(S) can be posted to; a bare host is a common slip."""
+        if not value.lower().startswith(("http://", "https://")) or not urlsplit(value).hostname:
+            raise ValueError("must be an http:// or https:// URL, e.g. http://127.0.0.1:9000/emotion")
+        return value
+
+    @field_validator("bearer_token", mode="before")
+    @classmethod
+    def _empty_token_is_none(cls, value: object) -> object:
+        """`${HOOK_TOKEN:-}` with the variable unset means no token."""
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("bearer_token")
+    @classmethod
+    def _one_kind_of_auth(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """A request carries one Authorization header: basic (user:password@ in the URL) or bearer, not both."""
+        url = info.data.get("url")
+        if value is not None and isinstance(url, str) and urlsplit(url).password is not None:
+            raise ValueError("the url already has credentials (user:password@, sent as basic auth): use either "
+                             "them or bearer_token, not both")
+        return value
 
 
 class WebhookSink(Sink):
@@ -123,3 +171,6 @@ class WebhookSink(Sink):
         """Cut backoff waits short, deliver what is queued (one attempt each), then stop."""
         self._closing.set()
         super().close(timeout)
+
+
+PLUGIN = Plugin("webhook", WebhookOutput, WebhookSink)

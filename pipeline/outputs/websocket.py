@@ -17,12 +17,14 @@ import logging
 import socket
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import WSMsgType, web
+from pydantic import Field
 
+from pipeline.core.registry import Plugin
+from pipeline.outputs.base import ALL_EVENTS, EventName, OutputSettings, Sink
 from pipeline.outputs.events import Event
-from pipeline.outputs.base import Sink
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +220,17 @@ def _peer(request: web.Request) -> str:
     return str(peer or "?")
 
 
+class WebsocketOutput(OutputSettings):
+    """Events streamed by the status server at /ws."""
+
+    type: Literal["websocket"] = Field("websocket", description="Output kind.")
+    events: list[EventName] = Field(default_factory=lambda: list(ALL_EVENTS), min_length=1,
+                                    description="Event types sent: observation, command, camera.")
+    queue_size: int = Field(256, ge=1, le=100_000, description="Events buffered per /ws client; a client that "
+                                                               "falls this far behind is disconnected (and counted) "
+                                                               "rather than waited for.")
+
+
 class WebsocketSink(Sink):
     """Hands events to the hub of the status server (bound by the daemon); drops them when none is bound."""
 
@@ -235,3 +248,6 @@ class WebsocketSink(Sink):
         if self.hub is None:
             raise RuntimeError("no status server to serve /ws")
         self.hub.publish(event)
+
+
+PLUGIN = Plugin("websocket", WebsocketOutput, WebsocketSink)

@@ -3,130 +3,82 @@
 Start: status server (fails fast on a taken port) → models (warm) → outputs → behaviour → cameras → READY=1.
 Stop (SIGTERM/SIGINT): STOPPING=1 → cameras → workers → models (finish in-flight batches) → behaviour (drain)
 → outputs (flush) → server. Every join has a share of a ~3 s budget, so a wedged stage cannot hold the process.
-Reload (SIGHUP): the signal handler only raises a flag; the main loop re-reads the file (pipeline.service.reload decides what
-to restart). The main loop also feeds the systemd watchdog, only while every stage beats (pipeline.service.status).
+Reload (SIGHUP): the signal handler only raises a flag; the main loop re-reads the file, pipeline.service.reload
+decides what to restart, and the daemon applies that plan itself (no other module assigns the daemon's fields).
+The main loop also feeds the systemd watchdog, only while every stage beats (pipeline.service.status).
+Everything that reports on the daemon (status, metrics, the status server) reads a `snapshot()`, never the daemon.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import signal
 import threading
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pipeline.behavior.mapper import BehaviorMapper
-from pipeline.capture.stats import CameraHealth, connection_quality
 from pipeline.capture.thread import CaptureThread
-from pipeline.config.app import AppConfig, CameraConfig
-from pipeline.outputs.events import Event, camera_event, command_event, observation_event
+from pipeline.config.app import AppConfig, CameraConfig, ConfigError, load_config
+from pipeline.core.redact import mask_secrets
+from pipeline.core.types import CameraEvent, Frame, Observation
+from pipeline.inference.backend import BackendError
+from pipeline.inference.perception import Perception
+from pipeline.modelprep.manifest import ManifestError, ModelError
+from pipeline.outputs.base import EventBus, Sink
+from pipeline.outputs.events import (
+    Event,
+    camera_event,
+    command_event,
+    config_event,
+    observation_event,
+)
+from pipeline.outputs.websocket import EventHub
+from pipeline.service.cameras import (
+    Camera,
+    DropCounter,
+    ObservationQueue,
+    PreviewingWorker,
+)
+from pipeline.service.lifecycle import close_sinks, join_all, run_bounded
+from pipeline.service.logs import setup_logging
 from pipeline.service.metrics import PipelineMetrics
 from pipeline.service.notify import Notifier
-from pipeline.inference.perception import Perception
+from pipeline.service.parts import (
+    configure_hub,
+    label_sinks,
+    load_perception,
+    new_tracker,
+    open_sinks,
+    set_rtsp_transport,
+)
 from pipeline.service.preview import PreviewStore
-from pipeline.core.redact import mask_secrets
-from pipeline.service.lifecycle import close_sinks, join_all, run_bounded
-from pipeline.service.reload import ConfigReloader, enabled_cameras
-from pipeline.service.server import StatusServer
-from pipeline.outputs.base import EventBus, Sink, create_sink
-from pipeline.outputs.websocket import EventHub, WebsocketSink
-from pipeline.capture.sources import configure_ffmpeg
+from pipeline.service.reload import ReloadPlan, enabled_cameras, plan_reload
+from pipeline.service.server import ServerStartError, StatusServer
+from pipeline.service.snapshot import DaemonSnapshot, ModelView, OutputView, model_view
 from pipeline.service.status import stage_problems, status_line
-from pipeline.vision.track import IouTracker
-from pipeline.core.types import CameraEvent, Detection, EmotionScores, Frame, Observation
 from pipeline.service.worker import CameraWorker
 
+if TYPE_CHECKING:
+    from pipeline.vision.track import IouTracker
+
 log = logging.getLogger(__name__)
+reload_log = logging.getLogger("pipeline.service.reload")  # reload lines keep the logger name they always had
 
 OBSERVATION_QUEUE = 256
 TICK_S = 0.2
 STATUS_LOG_S = 60.0
 STATUS_NOTIFY_S = 5.0
 RECENT_COMMANDS = 20
-CONFIG_EVENT_OUTPUTS = frozenset({"stdout", "websocket"})  # the JSON outputs also carry `config` events
 # Shares of the shutdown budget (seconds); the sum stays under 3 s even when every stage is wedged.
 STOP_BUDGET = {"cameras": 1.0, "workers": 0.5, "models": 0.4, "behavior": 0.3, "outputs": 0.4, "server": 0.4}
-JOIN_TIMEOUT_S = 2.0  # a camera stopped by a reload
-
-
-class PreviewingWorker(CameraWorker):
-    """A CameraWorker that remembers which frame its latest observation describes (for the annotated preview)."""
-
-    last_frame: Frame | None = None
-
-    def observe(self, frame: Frame, faces: list[Detection], scores: list[EmotionScores],
-                timings: dict[str, float]) -> Observation:
-        self.last_frame = frame
-        return super().observe(frame, faces, scores, timings)
-
-
-@dataclass
-class Camera:
-    """The two threads of one camera, each with its own stop event (a reload may restart one without the other)."""
-
-    cfg: CameraConfig
-    capture: CaptureThread
-    worker: CameraWorker
-    capture_stop: threading.Event = field(default_factory=threading.Event)
-    worker_stop: threading.Event = field(default_factory=threading.Event)
-    started_mono: float = field(default_factory=time.monotonic)
-
-    def signal_stop(self) -> None:
-        self.worker_stop.set()
-        self.capture_stop.set()
-
-    def health(self) -> CameraHealth:
-        """The camera's figures right now (for status, metrics and health checks)."""
-        now = time.monotonic()
-        capture, analysed = self.capture, self.worker.stats.analysed
-        age = None if capture.last_frame_mono is None else now - capture.last_frame_mono
-        fps_analysed, fps_in = analysed.rate(now), capture.frames_in.rate(now)
-        reconnects, stalls = capture.reconnects.count(now), capture.stalls.count(now)
-        quality = connection_quality(capture.state, age, self.cfg.reconnect.stall_s, fps_analysed,
-                                     min(self.cfg.fps, fps_in or self.cfg.fps), reconnects, stalls)
-        return CameraHealth(
-            name=self.cfg.name, state=capture.state, source=mask_secrets(str(self.cfg.source)),
-            fps_in=fps_in, fps_analysed=fps_analysed, frames_in=capture.frames_in.total,
-            frames_analysed=analysed.total, frames_skipped=max(0, capture.frames_in.total - analysed.total),
-            reconnects_1h=reconnects, stalls_1h=stalls, reconnects_total=capture.reconnects.total,
-            last_frame_age_s=age, faces=self.worker.stats.faces, quality=quality)
-
-
-@dataclass
-class DropCounter:
-    observations_dropped: int = 0
-    started: float = field(default_factory=time.monotonic)
-
-
-class ObservationQueue:
-    """Bounded, drop-oldest: behaviour should act on what is happening now, not on a backlog."""
-
-    def __init__(self, maxsize: int, counter: DropCounter) -> None:
-        self._queue: queue.Queue[Observation] = queue.Queue(maxsize=maxsize)
-        self._counter = counter
-
-    def put(self, obs: Observation) -> None:
-        while True:
-            try:
-                self._queue.put_nowait(obs)
-                return
-            except queue.Full:
-                try:
-                    self._queue.get_nowait()
-                    self._counter.observations_dropped += 1
-                except queue.Empty:
-                    pass
-
-    def get(self, timeout: float) -> Observation | None:
-        try:
-            return self._queue.get(timeout=timeout)
-        except queue.Empty:
-            return None
+JOIN_TIMEOUT_S = 2.0  # a camera or worker stopped by a reload
+CLOSE_TIMEOUT_S = 2.0  # models and outputs replaced by a reload
+# What a reload may fail with and still leave the running configuration in force, reported as one line each.
+RELOAD_ERRORS = (ModelError, BackendError, ManifestError, ServerStartError, ValueError, OSError)
 
 
 class Daemon:
@@ -148,7 +100,7 @@ class Daemon:
         self.notifier = notifier or Notifier()
         self.hub = EventHub()
         self.previews = PreviewStore(cfg.server.preview_fps, self._raw_frame)
-        self.metrics = PipelineMetrics(self)
+        self.metrics = PipelineMetrics(self.snapshot)
         self.server: StatusServer | None = None
         self.recent_commands: deque[Event] = deque(maxlen=RECENT_COMMANDS)
         self.commands_sent = 0
@@ -170,60 +122,25 @@ class Daemon:
         """
         self._install_signals()
         if self.cfg.server.enabled:
-            self.server = StatusServer(self.cfg.server, self)
+            self.server = self.new_server(self.cfg)
             self.server.start()
-        self.perception = self.load_perception(self.cfg)
-        self.sinks = self.open_sinks(self.cfg.outputs)
+        self.perception = load_perception(self.cfg)
+        self.sinks = open_sinks(self.cfg.outputs, self.hub, STOP_BUDGET["outputs"], self.cfg.behavior.rule_presets())
         self.bus = EventBus(self.sinks)
-        self.configure_hub(self.cfg)
+        configure_hub(self.hub, self.cfg)
         self.mapper_thread.start()
         self.started = True
-        self.set_rtsp_transport(self.cfg)
+        set_rtsp_transport(self.cfg)
         for cam_cfg in enabled_cameras(self.cfg).values():
             self.start_camera(cam_cfg)
         self.ready = True
-        self.notifier.ready(status_line(self))
+        self.notifier.ready(status_line(self.snapshot()))
         log.info("running: %d camera(s), outputs: %s", len(self.cameras),
-                 ", ".join(label for label, _ in self.sink_labels()) or "none")
+                 ", ".join(label for label, _ in label_sinks(self.sinks)) or "none")
 
-    @staticmethod
-    def load_perception(cfg: AppConfig) -> Perception:
-        perception = Perception.from_config(cfg)
-        try:
-            perception.warm_up()
-        except BaseException:
-            perception.close()
-            raise
-        return perception
-
-    def open_sinks(self, outputs: list[Any]) -> list[Sink]:
-        sinks: list[Sink] = []
-        try:
-            for out in outputs:
-                sink = create_sink(out)
-                if isinstance(sink, WebsocketSink):
-                    sink.bind(self.hub)
-                if sink.type_name in CONFIG_EVENT_OUTPUTS:
-                    sink.events = sink.events | {"config"}
-                sink.start()
-                sinks.append(sink)
-        except BaseException:
-            close_sinks(sinks, STOP_BUDGET["outputs"])
-            raise
-        return sinks
-
-    def configure_hub(self, cfg: AppConfig) -> None:
-        self.hub.configure(next((o for o in cfg.outputs if o.type == "websocket"), None))
-
-    @staticmethod
-    def set_rtsp_transport(cfg: AppConfig) -> None:
-        """FFmpeg's RTSP options are process-wide: set them before any stream opens."""
-        transports = {c.rtsp_transport for c in cfg.cameras if c.enabled and c.source_kind == "rtsp"}
-        configure_ffmpeg(transports.pop() if transports else "tcp")
-
-    def new_tracker(self) -> IouTracker:
-        t = self.cfg.tracking
-        return IouTracker(t.iou_threshold, t.max_age_s, t.smoothing_half_life_ms)
+    def new_server(self, cfg: AppConfig) -> StatusServer:
+        """A status server (not started) for `cfg.server`, given only what it serves, never the daemon."""
+        return StatusServer(cfg.server, self.snapshot, self.metrics.render, self.hub, self.previews)
 
     def new_worker(self, capture: CaptureThread, tracker: IouTracker, stop: threading.Event) -> CameraWorker:
         if self.perception is None:
@@ -233,7 +150,7 @@ class Daemon:
     def start_camera(self, cam_cfg: CameraConfig) -> None:
         capture_stop, worker_stop = threading.Event(), threading.Event()
         capture = CaptureThread(cam_cfg, capture_stop, self._on_camera_event)
-        worker = self.new_worker(capture, self.new_tracker(), worker_stop)
+        worker = self.new_worker(capture, new_tracker(self.cfg), worker_stop)
         self.cameras = {**self.cameras, cam_cfg.name: Camera(cam_cfg, capture, worker, capture_stop, worker_stop)}
         capture.start()
         worker.start()
@@ -282,15 +199,33 @@ class Daemon:
     def _workers_alive(self) -> bool:
         return any(cam.worker.is_alive() for cam in self.cameras.values())
 
-    def sink_labels(self) -> list[tuple[str, Sink]]:
-        """Each output with a unique label for metrics and status: its type, then type-2, type-3 … for repeats."""
-        seen: Counter[str] = Counter()
-        labels = []
-        for sink in list(self.sinks):
-            seen[sink.type_name] += 1
-            n = seen[sink.type_name]
-            labels.append((sink.type_name if n == 1 else f"{sink.type_name}-{n}", sink))
-        return labels
+    # ------------------------------------------------------------------ snapshot
+
+    def snapshot(self) -> DaemonSnapshot:
+        """The read-only picture status, metrics, the server and the watchdog read; built per request, so cheap."""
+        now = time.monotonic()
+        cfg, server = self.cfg, self.server
+        return DaemonSnapshot(
+            taken_mono=now, cfg=cfg, ready=self.ready, started=self.started, started_mono=self.started_mono,
+            config_path=str(self.config_path) if self.config_path else None,
+            config_loaded_at=self.config_loaded_at, reloads=dict(self.reloads), commands_sent=self.commands_sent,
+            recent_commands=tuple(self.recent_commands), observations_dropped=self.counters.observations_dropped,
+            preview_fps=cfg.server.preview_fps, preview_renders=self.previews.renders, ws_enabled=self.hub.enabled,
+            ws_clients=self.hub.client_count, ws_clients_dropped=self.hub.clients_dropped,
+            mapper_alive=self.mapper_thread.is_alive(), mapper_heartbeat=self.mapper_heartbeat,
+            server_present=server is not None, server_alive=server is not None and server.is_alive(),
+            cameras=tuple(cam.view(now) for cam in list(self.cameras.values())),
+            models=self._model_views(), outputs=self._output_views())
+
+    def _model_views(self) -> tuple[ModelView, ...]:
+        perception = self.perception
+        if perception is None:
+            return ()
+        return model_view("detector", perception.detector.model), model_view("emotion", perception.classifier.model)
+
+    def _output_views(self) -> tuple[OutputView, ...]:
+        return tuple(OutputView(label, sink.type_name, sink.sent, sink.dropped, sink.failed, sink.is_alive())
+                     for label, sink in label_sinks(self.sinks))
 
     # ------------------------------------------------------------------ run
 
@@ -311,21 +246,22 @@ class Daemon:
             if self.cameras and not any(cam.capture.is_alive() for cam in self.cameras.values()):
                 log.info("every camera has ended, stopping")
                 break
-            next_watchdog = self._feed_watchdog(now, next_watchdog)
+            snapshot = self.snapshot()
+            next_watchdog = self._feed_watchdog(snapshot, now, next_watchdog)
             if now >= next_status:
-                self.notifier.status(status_line(self))
+                self.notifier.status(status_line(snapshot))
                 next_status = now + STATUS_NOTIFY_S
             if now >= next_log:
                 self.log_status()
                 next_log = now + STATUS_LOG_S
-            self.metrics.pull_batches()
+            self.metrics.pull_batches(snapshot.models)
             self.stop_event.wait(TICK_S)
         self.stop()
         return 0
 
-    def _feed_watchdog(self, now: float, due: float) -> float:
+    def _feed_watchdog(self, snapshot: DaemonSnapshot, now: float, due: float) -> float:
         """WATCHDOG=1 when due and every stage beats; a wedged stage withholds it (systemd then restarts us)."""
-        problems = stage_problems(self, now)
+        problems = stage_problems(snapshot, now)
         keys = frozenset(problems)
         if keys != self._withheld:
             if keys:
@@ -372,7 +308,122 @@ class Daemon:
 
     def reload(self) -> bool:
         """Re-read and validate the config file; apply it, or keep the running one and say why. True if applied."""
-        return ConfigReloader(self).reload()
+        if self.config_path is None:
+            reload_log.warning("SIGHUP: no configuration file to reload (the daemon was given a config object)")
+            return False
+        reload_log.info("SIGHUP: reloading %s", self.config_path)
+        self.notifier.reloading()
+        try:
+            new = load_config(self.config_path)
+            plan = plan_reload(self.cfg, new)
+            self._apply(new, plan)
+        except ConfigError as exc:
+            self._reject([issue.format() for issue in exc.issues])
+            return False
+        except RELOAD_ERRORS as exc:
+            self._reject([mask_secrets(str(exc))])
+            return False
+        except Exception as exc:  # noqa: BLE001 - a failed reload must never end a running daemon
+            reload_log.error("reload failed unexpectedly: %s", exc, exc_info=reload_log.isEnabledFor(logging.DEBUG))
+            self._reject([mask_secrets(f"{type(exc).__name__}: {exc}")])
+            return False
+        finally:
+            self.notifier.ready(status_line(self.snapshot()))
+        self.reloads["applied"] += 1
+        self.config_loaded_at = time.time()
+        changes = plan.describe()
+        reload_log.info("configuration %s applied: %s", self.config_path, "; ".join(changes))
+        self.bus.publish(config_event("applied", self.config_path, changes=changes))
+        return True
+
+    def _reject(self, errors: list[str]) -> None:
+        self.reloads["rejected"] += 1
+        reload_log.error("configuration %s rejected, the running configuration stays in force:", self.config_path)
+        for line in errors:
+            reload_log.error("%s", line)
+        self.bus.publish(config_event("rejected", self.config_path, errors=errors))
+
+    def _apply(self, new: AppConfig, plan: ReloadPlan) -> None:
+        """Prepare what can fail (models, outputs, server) first; only then swap, so a failure changes nothing."""
+        perception = load_perception(new) if plan.models else None
+        sinks: list[Sink] | None = None
+        try:
+            if plan.outputs:
+                sinks = open_sinks(new.outputs, self.hub, STOP_BUDGET["outputs"], new.behavior.rule_presets())
+            if plan.server == "restart":
+                self._restart_server(new)
+        except BaseException:
+            if perception is not None:
+                perception.close()
+            if sinks:
+                close_sinks(sinks, CLOSE_TIMEOUT_S)
+            raise
+        self._swap(new, plan, perception, sinks)
+
+    def _swap(self, new: AppConfig, plan: ReloadPlan, perception: Perception | None, sinks: list[Sink] | None) -> None:
+        """The part of a reload that cannot fail: settings, outputs, behaviour, then cameras and workers."""
+        if plan.server == "live" and self.server is not None:
+            self.server.update(new.server)
+        self.previews.fps = new.server.preview_fps
+        if sinks is not None:
+            old_sinks, self.sinks = self.sinks, sinks
+            self.bus.sinks = sinks
+            configure_hub(self.hub, new)
+            close_sinks(old_sinks, CLOSE_TIMEOUT_S)
+        if plan.logging:
+            setup_logging(self.log_level or new.logging.level, new.logging.format)
+        if plan.behavior:
+            self.mapper = BehaviorMapper(new.behavior)
+        self.cfg = new
+        for name in plan.removed + plan.changed:
+            self.stop_camera(name)
+        if perception is not None or plan.tracking:
+            self._restart_workers(perception, fresh_trackers=plan.tracking)
+        set_rtsp_transport(new)
+        cams = enabled_cameras(new)
+        for name in plan.changed + plan.added:
+            self.start_camera(cams[name])
+
+    def _restart_server(self, new: AppConfig) -> None:
+        """Host, port or enabled changed: rebind. If the new address fails, the old server comes back."""
+        old = self.server
+        if old is not None:
+            old.stop()
+            self.server = None
+        if not new.server.enabled:
+            return
+        try:
+            server = self.new_server(new)
+            server.start()
+        except ServerStartError:
+            if old is not None:
+                revived = self.new_server(self.cfg)
+                try:
+                    revived.start()
+                    self.server = revived
+                except ServerStartError as exc:
+                    reload_log.error("the previous status server could not be restarted either: %s", exc)
+            raise
+        self.server = server
+
+    def _restart_workers(self, perception: Perception | None, fresh_trackers: bool) -> None:
+        """New workers for every running camera (new models and/or trackers); captures keep running."""
+        cams = list(self.cameras.values())
+        for cam in cams:
+            cam.worker_stop.set()
+        join_all([cam.worker for cam in cams], JOIN_TIMEOUT_S)
+        if perception is not None:
+            old, self.perception = self.perception, perception
+            if old is not None:
+                run_bounded(old.close, CLOSE_TIMEOUT_S, "previous models")
+        replaced = {}
+        for cam in cams:
+            tracker = new_tracker(self.cfg) if fresh_trackers else cam.worker.tracker
+            stop = threading.Event()
+            worker = self.new_worker(cam.capture, tracker, stop)
+            replaced[cam.cfg.name] = cam.with_worker(worker, stop)
+            worker.start()
+        self.cameras = {**self.cameras, **replaced}
 
     # ------------------------------------------------------------------ stop
 
@@ -399,4 +450,3 @@ class Daemon:
         self.notifier.close()
         log.info("stopped in %.2f s (observations dropped before behaviour: %d)", time.monotonic() - began,
                  self.counters.observations_dropped)
-

@@ -10,18 +10,15 @@ BatchStats' recent windows by a cursor, so the batcher's hot path is untouched).
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from pipeline.core.types import Observation
-
-if TYPE_CHECKING:
-    from pipeline.service.daemon import Daemon
+from pipeline.service.snapshot import DaemonSnapshot, ModelView
 
 PREFIX = "emotion"
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
@@ -30,7 +27,9 @@ CAMERA_STATES = ("starting", "streaming", "stalled", "reconnecting", "stopped", 
 
 
 class PipelineMetrics:
-    def __init__(self, daemon: Daemon) -> None:
+    """The registry and its histograms; live figures come from `snapshot()` at scrape time."""
+
+    def __init__(self, snapshot: Callable[[], DaemonSnapshot]) -> None:
         self.registry = CollectorRegistry()
         self.stage_latency = Histogram(
             f"{PREFIX}_stage_latency_seconds", "Time spent per stage for one analysed frame (detect, crop, "
@@ -42,8 +41,8 @@ class PipelineMetrics:
                                     "ran (queue time).", ["model"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.compute_time = Histogram(f"{PREFIX}_batch_compute_seconds", "Time the backend took for one batch "
                                       "(compute time).", ["model"], buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.registry.register(_LiveCollector(daemon))
-        self._daemon = daemon
+        self.registry.register(_LiveCollector(snapshot))
+        self._snapshot = snapshot
         self._cursors: dict[str, tuple[int, int, int]] = {}  # model name -> (id(stats), batches seen, items seen)
         self._pull_lock = threading.Lock()
 
@@ -61,13 +60,14 @@ class PipelineMetrics:
             except KeyError:
                 pass
 
-    def pull_batches(self) -> None:
-        """Move batches recorded since the last pull into the histograms (main loop tick and every scrape)."""
-        perception = self._daemon.perception
-        if perception is None:
-            return
+    def pull_batches(self, models: Iterable[ModelView] | None = None) -> None:
+        """Move batches recorded since the last pull into the histograms (main loop tick and every scrape).
+
+        `models` spares a second snapshot when the caller holds one already (the main loop's tick).
+        """
+        views = tuple(self._snapshot().models if models is None else models)
         with self._pull_lock:
-            for model in (perception.detector.model, perception.classifier.model):
+            for model in views:
                 self._pull(model.name, model.stats)
 
     def _pull(self, name: str, stats: Any) -> None:
@@ -105,36 +105,36 @@ def _tail(values: Iterable[float], count: int) -> list[float]:
 
 
 class _LiveCollector(Collector):
-    """Reads the pipeline's counters at scrape time."""
+    """Reads the pipeline's counters at scrape time, from one snapshot per scrape."""
 
-    def __init__(self, daemon: Daemon) -> None:
-        self._daemon = daemon
+    def __init__(self, snapshot: Callable[[], DaemonSnapshot]) -> None:
+        self._snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
-        daemon = self._daemon
-        yield from self._cameras(daemon)
-        yield from self._models(daemon)
-        yield from self._outputs(daemon)
+        snap = self._snapshot()
+        yield from self._cameras(snap)
+        yield from self._models(snap)
+        yield from self._outputs(snap)
         up = GaugeMetricFamily(f"{PREFIX}_uptime_seconds", "Seconds since the daemon started.")
-        up.add_metric([], time.monotonic() - daemon.started_mono)
+        up.add_metric([], snap.uptime_s)
         yield up
         ready = GaugeMetricFamily(f"{PREFIX}_ready", "1 once models are warm and cameras started.")
-        ready.add_metric([], 1.0 if daemon.ready else 0.0)
+        ready.add_metric([], 1.0 if snap.ready else 0.0)
         yield ready
         dropped = CounterMetricFamily(f"{PREFIX}_observations_dropped", "Observations dropped before the behaviour "
                                       "mapper because it fell behind.")
-        dropped.add_metric([], daemon.counters.observations_dropped)
+        dropped.add_metric([], snap.observations_dropped)
         yield dropped
         commands = CounterMetricFamily(f"{PREFIX}_commands", "Avatar commands decided.")
-        commands.add_metric([], daemon.commands_sent)
+        commands.add_metric([], snap.commands_sent)
         yield commands
         reloads = CounterMetricFamily(f"{PREFIX}_config_reloads", "SIGHUP reloads by result.", labels=["result"])
-        for result, count in daemon.reloads.items():
+        for result, count in snap.reloads.items():
             reloads.add_metric([result], count)
         yield reloads
 
     @staticmethod
-    def _cameras(daemon: Daemon) -> Iterator[Metric]:
+    def _cameras(snap: DaemonSnapshot) -> Iterator[Metric]:
         labels = ["camera"]
         families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
             "frames_in": CounterMetricFamily(f"{PREFIX}_camera_frames_in", "Frames read from the camera.",
@@ -161,23 +161,22 @@ class _LiveCollector(Collector):
                                      labels=labels)
         state = GaugeMetricFamily(f"{PREFIX}_camera_state", "1 for the camera's current lifecycle state.",
                                   labels=["camera", "state"])
-        for name, cam in list(daemon.cameras.items()):
-            health = cam.health()
+        for cam in snap.cameras:
+            name, health = cam.name, cam.health
             for key, family in families.items():
                 family.add_metric([name], float(getattr(health, key)))
-            stalls.add_metric([name], cam.capture.stalls.total)
+            stalls.add_metric([name], cam.stalls_total)
             if health.last_frame_age_s is not None:
                 age.add_metric([name], health.last_frame_age_s)
-            busy.add_metric([name], cam.worker.stats.skipped_busy)
-            errors.add_metric([name], cam.worker.stats.errors)
+            busy.add_metric([name], cam.busy_skips)
+            errors.add_metric([name], cam.errors)
             for s in CAMERA_STATES:
                 state.add_metric([name, s], 1.0 if health.state == s else 0.0)
         yield from families.values()
         yield from (stalls, age, busy, errors, state)
 
     @staticmethod
-    def _models(daemon: Daemon) -> Iterator[Metric]:
-        perception = daemon.perception
+    def _models(snap: DaemonSnapshot) -> Iterator[Metric]:
         labels = ["model"]
         counters = {
             "batches": CounterMetricFamily(f"{PREFIX}_model_batches", "Batches run.", labels=labels),
@@ -189,32 +188,31 @@ class _LiveCollector(Collector):
                                            "batch.", labels=labels),
             "compute_s": CounterMetricFamily(f"{PREFIX}_model_compute_seconds", "Total backend time.", labels=labels),
         }
-        if perception is not None:
-            for model in (perception.detector.model, perception.classifier.model):
-                for key, family in counters.items():
-                    family.add_metric([model.name], float(getattr(model.stats, key)))
+        for model in snap.models:
+            for key, family in counters.items():
+                family.add_metric([model.name], float(getattr(model.stats, key)))
         yield from counters.values()
 
     @staticmethod
-    def _outputs(daemon: Daemon) -> Iterator[Metric]:
+    def _outputs(snap: DaemonSnapshot) -> Iterator[Metric]:
         labels = ["output"]
         sent = CounterMetricFamily(f"{PREFIX}_output_events_sent", "Events delivered by an output.", labels=labels)
         dropped = CounterMetricFamily(f"{PREFIX}_output_events_dropped", "Events dropped because the output's queue "
                                       "was full.", labels=labels)
         failed = CounterMetricFamily(f"{PREFIX}_output_events_failed", "Events the output failed to deliver.",
                                      labels=labels)
-        for label, sink in daemon.sink_labels():
-            sent.add_metric([label], sink.sent)
-            dropped.add_metric([label], sink.dropped)
-            failed.add_metric([label], sink.failed)
+        for out in snap.outputs:
+            sent.add_metric([out.label], out.sent)
+            dropped.add_metric([out.label], out.dropped)
+            failed.add_metric([out.label], out.failed)
         yield from (sent, dropped, failed)
         clients = GaugeMetricFamily(f"{PREFIX}_websocket_clients", "Connected /ws clients.")
-        clients.add_metric([], daemon.hub.client_count)
+        clients.add_metric([], snap.ws_clients)
         yield clients
         slow = CounterMetricFamily(f"{PREFIX}_websocket_clients_dropped", "/ws clients disconnected for falling "
                                    "behind.")
-        slow.add_metric([], daemon.hub.clients_dropped)
+        slow.add_metric([], snap.ws_clients_dropped)
         yield slow
         previews = CounterMetricFamily(f"{PREFIX}_preview_renders", "Annotated preview JPEGs rendered.")
-        previews.add_metric([], daemon.previews.renders)
+        previews.add_metric([], snap.preview_renders)
         yield previews

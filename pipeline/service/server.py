@@ -27,7 +27,6 @@ import hmac
 import html
 import logging
 import threading
-import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -41,7 +40,9 @@ from pipeline.service.status import check_health, status_document
 
 if TYPE_CHECKING:
     from pipeline.config.app import ServerConfig
-    from pipeline.service.daemon import Daemon
+    from pipeline.outputs.websocket import EventHub
+    from pipeline.service.preview import PreviewStore
+    from pipeline.service.snapshot import DaemonSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +59,19 @@ class ServerStartError(RuntimeError):
 
 
 class StatusServer:
-    def __init__(self, cfg: ServerConfig, daemon: Daemon) -> None:
+    """Serves what its collaborators give it; it never sees the daemon, only a snapshot of it per request.
+
+    `snapshot` is called per request (on the pool, since it reads locks), `metrics` renders /metrics, `hub` is the
+    /ws event hub (attached to this server's loop) and `previews` draws the annotated JPEGs.
+    """
+
+    def __init__(self, cfg: ServerConfig, snapshot: Callable[[], DaemonSnapshot], metrics: Callable[[], bytes],
+                 hub: EventHub, previews: PreviewStore) -> None:
         self.cfg = cfg
-        self._daemon = daemon
+        self._snapshot = snapshot
+        self._render_metrics = metrics
+        self._hub = hub
+        self._previews = previews
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -107,7 +118,7 @@ class StatusServer:
             try:
                 loop.run_until_complete(self._startup())
                 self._loop = loop
-                self._daemon.hub.attach(loop)
+                self._hub.attach(loop)
             except Exception as exc:  # noqa: BLE001 - reported by start() as one line
                 self._error = exc
                 loop.run_until_complete(self._cleanup())
@@ -117,7 +128,7 @@ class StatusServer:
             loop.run_forever()
             loop.run_until_complete(self._shutdown())
         finally:
-            self._daemon.hub.detach(loop)
+            self._hub.detach(loop)
             loop.close()
 
     async def _startup(self) -> None:
@@ -126,7 +137,7 @@ class StatusServer:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/api/status", self._status)
-        app.router.add_get("/ws", self._daemon.hub.handle)
+        app.router.add_get("/ws", self._hub.handle)
         app.router.add_get("/", self._index)
         app.router.add_get("/preview/ws", self._preview_ws)
         app.router.add_get("/preview/{camera}.jpg", self._preview_jpeg)
@@ -143,7 +154,7 @@ class StatusServer:
     async def _shutdown(self) -> None:
         if self._closing is not None:
             self._closing.set()
-        await self._daemon.hub.close_all()
+        await self._hub.close_all()
         await self._cleanup()
 
     async def _cleanup(self) -> None:
@@ -169,18 +180,27 @@ class StatusServer:
     async def _in_pool(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
+    def _health(self) -> tuple[bool, dict[str, Any]]:
+        snapshot = self._snapshot()
+        report = check_health(snapshot)
+        return report.ok, report.as_dict(snapshot.uptime_s)
+
+    def _status_document(self) -> dict[str, Any]:
+        return status_document(self._snapshot())
+
+    def _camera_names(self) -> list[str]:
+        return self._snapshot().camera_names
+
     async def _healthz(self, request: web.Request) -> web.Response:
-        daemon = self._daemon
-        report = await self._in_pool(check_health, daemon)
-        body = report.as_dict(time.monotonic() - daemon.started_mono)
-        return web.json_response(body, status=200 if report.ok else 503, headers=NO_CACHE)
+        ok, body = await self._in_pool(self._health)
+        return web.json_response(body, status=200 if ok else 503, headers=NO_CACHE)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        body = await self._in_pool(self._daemon.metrics.render)
+        body = await self._in_pool(self._render_metrics)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST, **NO_CACHE})
 
     async def _status(self, request: web.Request) -> web.Response:
-        return web.json_response(await self._in_pool(status_document, self._daemon), headers=NO_CACHE)
+        return web.json_response(await self._in_pool(self._status_document), headers=NO_CACHE)
 
     async def _index(self, request: web.Request) -> web.Response:
         """The page; with a token, its own assets are linked with `?token=` too (a browser sends no header)."""
@@ -191,18 +211,18 @@ class StatusServer:
 
     async def _preview_jpeg(self, request: web.Request) -> web.Response:
         name = request.match_info["camera"]
-        if name not in self._daemon.cameras:
+        if name not in await self._in_pool(self._camera_names):
             return web.json_response({"error": f"no camera named {name!r}"}, status=404)
-        if self._daemon.previews.fps <= 0:
+        if self._previews.fps <= 0:
             return web.json_response({"error": "previews are disabled (server.preview_fps: 0)"}, status=404)
-        rendered = await self._in_pool(self._daemon.previews.jpeg, name)
+        rendered = await self._in_pool(self._previews.jpeg, name)
         if rendered is None:
             return web.json_response({"error": f"camera {name} has no frame yet"}, status=503)
         return web.Response(body=rendered.jpeg, content_type="image/jpeg", headers=NO_CACHE)
 
     async def _preview_ws(self, request: web.Request) -> web.StreamResponse:
         """Annotated JPEGs of every camera (or `?cameras=a,b`), each at most preview_fps, skipping repeats."""
-        if self._daemon.previews.fps <= 0:
+        if self._previews.fps <= 0:
             return web.json_response({"error": "previews are disabled (server.preview_fps: 0)"}, status=404)
         wanted = {c for c in request.query.get("cameras", "").split(",") if c}
         ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=4096)
@@ -217,13 +237,13 @@ class StatusServer:
         return ws
 
     async def _send_previews(self, ws: web.WebSocketResponse, wanted: set[str]) -> None:
-        previews, closing = self._daemon.previews, self._closing
+        previews, closing = self._previews, self._closing
         if closing is None:  # the server is not running (start() sets it)
             return
         shown: dict[str, tuple[int, int]] = {}
         try:
             while not ws.closed and not closing.is_set() and previews.fps > 0:
-                for name in list(self._daemon.cameras):
+                for name in await self._in_pool(self._camera_names):
                     if wanted and name not in wanted:
                         continue
                     rendered = await self._in_pool(previews.jpeg, name)

@@ -10,15 +10,11 @@ Two kinds of trouble are kept apart on purpose:
 
 from __future__ import annotations
 
-import threading
-import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pipeline.inference.perception import RESULT_TIMEOUT_S
-
-if TYPE_CHECKING:
-    from pipeline.service.daemon import Camera, Daemon
+from pipeline.service.snapshot import CameraView, DaemonSnapshot, ModelView, now_or
 
 # A worker beats once per loop: at least every 0.25 s when idle, once per frame otherwise; one frame may wait for
 # two model results (RESULT_TIMEOUT_S each) before the worker gives up on it.
@@ -42,71 +38,71 @@ class HealthReport:
                 "cameras": self.cameras, "stages": self.stages}
 
 
-def _alive(thread: threading.Thread | None) -> bool:
-    return thread is not None and thread.is_alive()
-
-
-def camera_problem(cam: Camera, now: float) -> str | None:
+def camera_problem(cam: CameraView, now: float) -> str | None:
     """Why this camera is not healthy now, or None. An ended file is not a problem; a fresh start has stall_s."""
-    capture = cam.capture
-    stall_s = cam.cfg.reconnect.stall_s
-    if capture.state == "ended":
+    stall_s = cam.stall_s
+    if cam.state == "ended":
         return None
-    if capture.last_frame_mono is not None:
-        age = now - capture.last_frame_mono
+    if cam.last_frame_mono is not None:
+        age = now - cam.last_frame_mono
         if age <= stall_s:
             return None
-        return f"camera {cam.cfg.name}: no frame for {age:.1f} s (stall_s {stall_s:g}, {capture.state})"
+        return f"camera {cam.name}: no frame for {age:.1f} s (stall_s {stall_s:g}, {cam.state})"
     if now - cam.started_mono <= stall_s:
         return None
-    return f"camera {cam.cfg.name}: no frame since start {now - cam.started_mono:.1f} s ago ({capture.state})"
+    return f"camera {cam.name}: no frame since start {now - cam.started_mono:.1f} s ago ({cam.state})"
 
 
-def stage_problems(daemon: Daemon, now: float | None = None) -> dict[str, str]:
-    """Every pipeline stage with a stale heartbeat or a dead thread, as {stage: reason}; empty when all is well."""
-    now = time.monotonic() if now is None else now
+def _camera_stage_problems(cam: CameraView, now: float) -> dict[str, str]:
+    """A capture thread that died early, or a worker that died (while its capture still delivers) or stopped beating."""
     problems: dict[str, str] = {}
-    for name, cam in list(daemon.cameras.items()):
-        ended = cam.capture.state == "ended"
-        if not ended and not _alive(cam.capture):
-            problems[f"capture-{name}"] = "thread ended"
-        if not _alive(cam.worker):
-            if not ended and not cam.capture.slot.closed:
-                problems[f"worker-{name}"] = "thread ended"
-        elif now - cam.worker.stats.heartbeat > WORKER_STALE_S:
-            problems[f"worker-{name}"] = f"no heartbeat for {now - cam.worker.stats.heartbeat:.0f} s"
-    perception = daemon.perception
-    if perception is not None:
-        for model in (perception.detector.model, perception.classifier.model):
-            if not model.is_alive():
-                problems[f"batcher-{model.name}"] = "a batching thread ended"
-    if daemon.started:
-        if not _alive(daemon.mapper_thread):
+    ended = cam.state == "ended"
+    if not ended and not cam.capture_alive:
+        problems[f"capture-{cam.name}"] = "thread ended"
+    if not cam.worker_alive:
+        if not ended and not cam.slot_closed:
+            problems[f"worker-{cam.name}"] = "thread ended"
+    elif now - cam.worker_heartbeat > WORKER_STALE_S:
+        problems[f"worker-{cam.name}"] = f"no heartbeat for {now - cam.worker_heartbeat:.0f} s"
+    return problems
+
+
+def stage_problems(snapshot: DaemonSnapshot, now: float | None = None) -> dict[str, str]:
+    """Every pipeline stage with a stale heartbeat or a dead thread, as {stage: reason}; empty when all is well."""
+    now = now_or(snapshot, now)
+    problems: dict[str, str] = {}
+    for cam in snapshot.cameras:
+        problems.update(_camera_stage_problems(cam, now))
+    for model in snapshot.models:
+        if not model.alive:
+            problems[f"batcher-{model.name}"] = "a batching thread ended"
+    if snapshot.started:
+        if not snapshot.mapper_alive:
             problems["behavior"] = "thread ended"
-        elif now - daemon.mapper_heartbeat > MAPPER_STALE_S:
-            problems["behavior"] = f"no heartbeat for {now - daemon.mapper_heartbeat:.0f} s"
-        for label, sink in daemon.sink_labels():
-            if not sink.is_alive():
-                problems[f"output-{label}"] = "thread ended"
-    if daemon.server is not None and not daemon.server.is_alive():
+        elif now - snapshot.mapper_heartbeat > MAPPER_STALE_S:
+            problems["behavior"] = f"no heartbeat for {now - snapshot.mapper_heartbeat:.0f} s"
+        for out in snapshot.outputs:
+            if not out.alive:
+                problems[f"output-{out.label}"] = "thread ended"
+    if snapshot.server_present and not snapshot.server_alive:
         problems["server"] = "thread ended"
     return problems
 
 
-def check_health(daemon: Daemon) -> HealthReport:
+def check_health(snapshot: DaemonSnapshot, now: float | None = None) -> HealthReport:
     """The /healthz answer: every camera fresh (or ended) and every stage beating."""
-    now = time.monotonic()
+    now = now_or(snapshot, now)
     report = HealthReport("ok")
-    for name, cam in list(daemon.cameras.items()):
+    for cam in snapshot.cameras:
         problem = camera_problem(cam, now)
-        report.cameras[name] = "ok" if problem is None else "failing"
+        report.cameras[cam.name] = "ok" if problem is None else "failing"
         if problem:
             report.problems.append(problem)
-    stages = stage_problems(daemon, now)
+    stages = stage_problems(snapshot, now)
     for stage, reason in stages.items():
         report.problems.append(f"{stage}: {reason}")
-    report.stages = {name: "ok" for name in _stage_names(daemon)} | {k: "failing" for k in stages}
-    if not daemon.ready:
+    report.stages = {name: "ok" for name in _stage_names(snapshot)} | {k: "failing" for k in stages}
+    if not snapshot.ready:
         report.status = "starting"
         report.problems.insert(0, "starting: models loading or cameras opening")
     elif report.problems:
@@ -114,32 +110,25 @@ def check_health(daemon: Daemon) -> HealthReport:
     return report
 
 
-def _stage_names(daemon: Daemon) -> list[str]:
+def _stage_names(snapshot: DaemonSnapshot) -> list[str]:
     names = []
-    for name in daemon.cameras:
-        names += [f"capture-{name}", f"worker-{name}"]
-    if daemon.perception is not None:
-        names += [f"batcher-{daemon.perception.detector.model.name}",
-                  f"batcher-{daemon.perception.classifier.model.name}"]
-    if daemon.started:
+    for cam in snapshot.cameras:
+        names += [f"capture-{cam.name}", f"worker-{cam.name}"]
+    names += [f"batcher-{model.name}" for model in snapshot.models]
+    if snapshot.started:
         names.append("behavior")
-        names += [f"output-{label}" for label, _ in daemon.sink_labels()]
-    if daemon.server is not None:
+        names += [f"output-{out.label}" for out in snapshot.outputs]
+    if snapshot.server_present:
         names.append("server")
     return names
 
 
-def _model_status(model: Any, cfg: Any) -> dict[str, Any]:
-    backend = model.backend
+def _model_status(model: ModelView, cfg: Any) -> dict[str, Any]:
     stats = model.stats
     batches = max(1, stats.batches)
-    described: dict[str, Any] = {}
-    try:
-        described = dict(backend.describe())
-    except Exception:  # noqa: BLE001 - descriptive only
-        described = {}
+    described = model.described
     return {
-        "name": model.name, "backend": described.get("backend", getattr(backend, "name", cfg.backend)),
+        "name": model.name, "backend": described.get("backend", model.backend_name or cfg.backend),
         "device": described.get("device", cfg.device), "precision": described.get("precision", cfg.precision),
         "file": described.get("file"), "max_batch": model.max_batch, "lanes": model.lanes,
         "batches": stats.batches, "items": stats.items, "mean_batch": round(stats.items / batches, 2),
@@ -150,54 +139,59 @@ def _model_status(model: Any, cfg: Any) -> dict[str, Any]:
     }
 
 
-def status_document(daemon: Daemon) -> dict[str, Any]:
-    """GET /api/status: cameras, models, outputs, WebSocket clients, recent commands, health, uptime."""
-    cfg = daemon.cfg
-    cameras = []
-    for name, cam in list(daemon.cameras.items()):
-        entry = cam.health().as_dict()
-        entry["stall_s"] = cam.cfg.reconnect.stall_s
-        entry["fps_max"] = cam.cfg.fps
-        entry["latency_ms"] = round(cam.worker.stats.last_latency_ms, 1)
-        cameras.append(entry)
+def _camera_status(cam: CameraView) -> dict[str, Any]:
+    entry = cam.health.as_dict()
+    entry["stall_s"] = cam.stall_s
+    entry["fps_max"] = cam.fps_max
+    entry["latency_ms"] = round(cam.latency_ms, 1)
+    return entry
+
+
+def _models_status(snapshot: DaemonSnapshot) -> dict[str, Any]:
+    """By role: the detector (with its input size) and the emotion model."""
+    cfg = snapshot.cfg
     models: dict[str, Any] = {}
-    if daemon.perception is not None:
-        models["detector"] = _model_status(daemon.perception.detector.model, cfg.inference)
-        models["detector"]["input_size"] = list(cfg.detector.input_size)
-        models["emotion"] = _model_status(daemon.perception.classifier.model, cfg.inference)
-    sinks = [{"output": label, "type": sink.type_name, "sent": sink.sent, "dropped": sink.dropped,
-              "failed": sink.failed, "alive": sink.is_alive()}
-             for label, sink in daemon.sink_labels()]
-    health = check_health(daemon)
+    for model in snapshot.models:
+        models[model.role] = _model_status(model, cfg.inference)
+        if model.role == "detector":
+            models[model.role]["input_size"] = list(cfg.detector.input_size)
+    return models
+
+
+def status_document(snapshot: DaemonSnapshot, now: float | None = None) -> dict[str, Any]:
+    """GET /api/status: cameras, models, outputs, WebSocket clients, recent commands, health, uptime."""
+    now = now_or(snapshot, now)
+    sinks = [{"output": out.label, "type": out.type, "sent": out.sent, "dropped": out.dropped,
+              "failed": out.failed, "alive": out.alive} for out in snapshot.outputs]
+    health = check_health(snapshot, now)
     return {
         "status": health.status,
         "problems": health.problems,
-        "uptime_s": round(time.monotonic() - daemon.started_mono, 1),
-        "config": {"path": str(daemon.config_path) if daemon.config_path else None,
-                   "reloads": dict(daemon.reloads), "loaded_at": round(daemon.config_loaded_at, 3)},
-        "cameras": cameras,
-        "models": models,
+        "uptime_s": round(now - snapshot.started_mono, 1),
+        "config": {"path": snapshot.config_path, "reloads": dict(snapshot.reloads),
+                   "loaded_at": round(snapshot.config_loaded_at, 3)},
+        "cameras": [_camera_status(cam) for cam in snapshot.cameras],
+        "models": _models_status(snapshot),
         "sinks": sinks,
-        "websocket": {"enabled": daemon.hub.enabled, "clients": daemon.hub.client_count,
-                      "clients_dropped": daemon.hub.clients_dropped},
-        "observations_dropped": daemon.counters.observations_dropped,
-        "preview_fps": cfg.server.preview_fps,
-        "recent_commands": list(daemon.recent_commands)[::-1],
+        "websocket": {"enabled": snapshot.ws_enabled, "clients": snapshot.ws_clients,
+                      "clients_dropped": snapshot.ws_clients_dropped},
+        "observations_dropped": snapshot.observations_dropped,
+        "preview_fps": snapshot.preview_fps,
+        "recent_commands": list(snapshot.recent_commands)[::-1],
     }
 
 
-def status_line(daemon: Daemon) -> str:
+def status_line(snapshot: DaemonSnapshot) -> str:
     """systemd STATUS=: e.g. `2/3 cameras streaming (door reconnecting), 19.5 fps analysed, 1 face, 4 commands`."""
-    cams = list(daemon.cameras.values())
-    streaming = [c for c in cams if c.capture.state == "streaming"]
-    others = [f"{c.cfg.name} {c.capture.state}" for c in cams if c.capture.state != "streaming"]
-    now = time.monotonic()
-    fps = sum(c.worker.stats.analysed.rate(now) for c in cams)
-    faces = sum(c.worker.stats.faces for c in streaming)
+    cams = snapshot.cameras
+    streaming = [c for c in cams if c.state == "streaming"]
+    others = [f"{c.name} {c.state}" for c in cams if c.state != "streaming"]
+    fps = sum(c.health.fps_analysed for c in cams)
+    faces = sum(c.health.faces for c in streaming)
     text = f"{len(streaming)}/{len(cams)} cameras streaming"
     if others:
         text += f" ({', '.join(others[:3])}{', …' if len(others) > 3 else ''})"
-    text += f", {fps:.1f} fps analysed, {faces} face{'s' if faces != 1 else ''}, {daemon.commands_sent} commands"
-    if daemon.hub.enabled:
-        text += f", {daemon.hub.client_count} ws client{'s' if daemon.hub.client_count != 1 else ''}"
+    text += f", {fps:.1f} fps analysed, {faces} face{'s' if faces != 1 else ''}, {snapshot.commands_sent} commands"
+    if snapshot.ws_enabled:
+        text += f", {snapshot.ws_clients} ws client{'s' if snapshot.ws_clients != 1 else ''}"
     return text

@@ -11,12 +11,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pipeline.inference.batching import ModelClosedError, QueueFullError
 from pipeline.capture.stats import RateMeter
 from pipeline.capture.thread import CaptureThread
+from pipeline.core.types import Detection, EmotionScores, FaceResult, Frame, Observation
+from pipeline.inference.batching import ModelClosedError, QueueFullError
 from pipeline.inference.perception import Perception
 from pipeline.vision.track import IouTracker
-from pipeline.core.types import Detection, EmotionScores, FaceResult, Frame, Observation
 
 log = logging.getLogger(__name__)
 

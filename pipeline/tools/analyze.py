@@ -22,9 +22,9 @@ import cv2
 import numpy as np
 
 from pipeline.config.app import AppConfig
-from pipeline.outputs.events import face_json
-from pipeline.inference.perception import Perception
 from pipeline.core.types import EMOTIONS, Detection, FaceResult
+from pipeline.inference.perception import Perception
+from pipeline.outputs.events import face_json
 
 log = logging.getLogger(__name__)
 

@@ -166,7 +166,7 @@ def run_bench(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     if args.plot:  # last: a plot that cannot be drawn loses none of the figures above
         from pipeline.tools.bench_plot import PlotError, save_plot
-        from pipeline.tools.cli import UsageError
+        from pipeline.tools.usage import UsageError
 
         try:
             save_plot(result, args.plot)

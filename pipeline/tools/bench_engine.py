@@ -14,11 +14,11 @@ from typing import Any
 import cv2
 import numpy as np
 
-from pipeline.inference.backend import Backend, create_backend
 from pipeline.config.app import AppConfig, load_config
-from pipeline.vision.retinaface import letterbox
+from pipeline.inference.backend import Backend, ModelRuntime, create_backend
 from pipeline.modelprep.manifest import load_manifest
 from pipeline.modelprep.prepare import ensure_model
+from pipeline.vision.retinaface import letterbox
 
 ROLES = {"detector": "detector", "emotion": "emotion"}
 
@@ -102,7 +102,8 @@ def bench_engine(args: argparse.Namespace) -> dict[str, Any]:
     for precision in [p.strip() for p in args.precision.split(",")]:
         inference = cfg.inference.model_copy(update={"device": args.device, "precision": precision,
                                                      "max_batch": max(batches), "lanes": 1})
-        backend = create_backend(inference, manifest, ensure_model(manifest, precision))  # type: ignore[arg-type]
+        spec = ModelRuntime.from_config(inference, input_size=(width, height) if args.model == "detector" else None)
+        backend = create_backend(spec, manifest, ensure_model(manifest, precision))  # type: ignore[arg-type]
         try:
             for batch in batches:
                 rows.append({"precision": precision, **_time_batches(backend, items, batch, args.seconds)})

@@ -167,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     warnings.filterwarnings("ignore", message=r"(?s).*(pkg_resources|tf\.lite\.Interpreter) is deprecated")
     t0 = time.perf_counter()
-    import tensorflow as tf  # heavy: imported after argument checks
     import fer
+    import tensorflow as tf  # heavy: imported after argument checks
     from fer.fer import FER
 
     detector = FER(mtcnn=False, use_tflite=args.use_tflite)

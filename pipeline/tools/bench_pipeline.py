@@ -22,10 +22,10 @@ import numpy as np
 
 from pipeline.capture.thread import CaptureThread
 from pipeline.config.app import AppConfig, CameraConfig, load_config
-from pipeline.inference.perception import Perception
-from pipeline.vision.track import IouTracker
 from pipeline.core.types import Observation
+from pipeline.inference.perception import Perception
 from pipeline.service.worker import CameraWorker
+from pipeline.vision.track import IouTracker
 
 WARMUP_S = 3.0
 

@@ -12,11 +12,12 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pipeline.inference.backend import BackendError
 from pipeline.config.app import AppConfig, ConfigError, load_config, summarize
-from pipeline.service.logs import setup_logging
+from pipeline.inference.backend import BackendError
 from pipeline.modelprep.manifest import ManifestError
 from pipeline.modelprep.prepare import ModelError
+from pipeline.service.logs import setup_logging
+from pipeline.tools.usage import UsageError
 
 log = logging.getLogger("pipeline")
 
@@ -24,10 +25,6 @@ EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG, EXIT_MODEL = 0, 1, 2, 3
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = PROJECT_ROOT / "config" / "default.yaml"
 MODEL_ERRORS = (ModelError, BackendError, ManifestError)
-
-
-class UsageError(Exception):
-    """Bad input named on the command line (exit 2)."""
 
 
 def _load(path: Path) -> AppConfig:
@@ -84,7 +81,7 @@ def cmd_build_engine(args: argparse.Namespace) -> int:
     from pipeline.modelprep.manifest import load_manifest
     from pipeline.modelprep.prepare import ensure_model
 
-    require_gpu_packages()  # before anything slow: without TensorRT and pycuda there is nothing to build with
+    require_gpu_packages()  # before anything slow: without TensorRT and cuda-python there is nothing to build with
     cfg = _load(args.config)
     precision = args.precision or cfg.inference.precision
     if precision not in ("fp32", "fp16", "int8"):
@@ -96,7 +93,8 @@ def cmd_build_engine(args: argparse.Namespace) -> int:
     for name in args.model or [cfg.detector.model, cfg.emotion.model]:
         manifest = load_manifest(name)
         onnx_path = ensure_model(manifest, precision)
-        result = build_for_cli(manifest, onnx_path, precision, max_batch, input_size, force=args.force)
+        result = build_for_cli(manifest, onnx_path, precision, max_batch, input_size, force=args.force,
+                               workspace_bytes=cfg.inference.tensorrt.workspace_mb << 20)
         state = "built" if result.built else "up to date"
         print(f"{result.engine} ({state})")
     return EXIT_OK
@@ -137,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--force", action="store_true", help="rebuild even if valid files exist")
 
     engine = sub.add_parser("build-engine", parents=[common],
-                            help="build TensorRT engines into engines/ (needs TensorRT, pycuda and a GPU)")
+                            help="build TensorRT engines into engines/ (needs TensorRT, cuda-python and a GPU)")
     engine.add_argument("--model", action="append", help="model name (default: the config's detector and emotion)")
     engine.add_argument("--precision", choices=["fp32", "fp16", "int8"], default=None,
                         help="which prepared ONNX to build from (default: inference.precision)")

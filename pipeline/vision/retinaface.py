@@ -1,23 +1,18 @@
-"""RetinaFace: letterbox to a fixed size (so frames of any camera batch together), vectorised decode, NMS.
+"""RetinaFace's pre- and post-processing: letterbox to a fixed size (so frames of any camera batch together),
+vectorised decode of the candidates the graph keeps, NMS, and the size/count filter. Pure functions on arrays.
 
-The prepared model takes uint8 BGR NHWC pixels; mean subtraction happens inside the graph (see models.py).
+The prepared model takes uint8 BGR NHWC pixels; mean subtraction happens inside the graph (modelprep.graph_edit).
 """
 
 from __future__ import annotations
 
-from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
 import cv2
 import numpy as np
 
-from pipeline.inference.batching import BatchedModel
 from pipeline.core.types import Detection
-
-if TYPE_CHECKING:
-    from pipeline.config.app import DetectorConfig
 
 STRIDES = (8, 16, 32)
 ANCHOR_SIZES = ((16, 32), (64, 128), (256, 512))
@@ -108,25 +103,3 @@ def filter_faces(faces: list[Detection], min_face_px: int, max_faces: int) -> li
     kept = [f for f in faces if min(f.width, f.height) >= min_face_px]
     kept.sort(key=lambda f: f.area, reverse=True)
     return kept[:max_faces]
-
-
-class FaceDetector:
-    """RetinaFace behind a shared BatchedModel: `submit` a frame, then `finish` its outputs into detections."""
-
-    def __init__(self, model: BatchedModel, cfg: DetectorConfig) -> None:
-        self.model = model
-        self.cfg = cfg
-        self.input_size: tuple[int, int] = (int(cfg.input_size[0]), int(cfg.input_size[1]))
-        anchor_grid(self.input_size)  # build the cache once, before the first frame
-
-    def submit(self, image: np.ndarray) -> tuple[Future[dict[str, np.ndarray]], Letterbox]:
-        canvas, fit = letterbox(image, self.input_size)
-        return self.model.submit(canvas), fit
-
-    def finish(self, outputs: dict[str, np.ndarray], fit: Letterbox) -> list[Detection]:
-        faces = decode(outputs, self.input_size, fit, self.cfg.score_threshold, self.cfg.nms_threshold)
-        return filter_faces(faces, self.cfg.min_face_px, self.cfg.max_faces)
-
-    def detect(self, image: np.ndarray, timeout: float = 10.0) -> list[Detection]:
-        future, fit = self.submit(image)
-        return self.finish(future.result(timeout=timeout), fit)

@@ -1,216 +1,307 @@
-"""CUDA plumbing for the TensorRT backend: device and primary context, streams, events, pinned and device buffers.
+"""CUDA for every GPU path through one binding: cuda-python's runtime API (`cuda.bindings.runtime`).
 
-Why pycuda (`pycuda.driver`) and not cuda-python: every failing pycuda driver call raises `pycuda.driver.Error`
-(or a subclass) whose message already names the driver routine and its CUresult, e.g. ``cuMemAlloc failed: out of
-memory``. So one helper, `cuda_call`, turns *every* CUDA error into a `CudaError` that also says what we were doing,
-and no call can slip through unchecked. cuda-python returns an ``(error, value)`` tuple from each call instead, which
-must be checked by hand at every call site (forgetting one is silent). pycuda also hands out page-locked memory as
-numpy arrays (`pagelocked_empty`), which is exactly what the copy-in/copy-out path needs.
+Why cuda-python, and only it: it is NVIDIA's official binding and installs from wheels (pycuda, used before by the
+TensorRT backend, compiled itself against a local CUDA toolkit and gave the wing two bindings to keep in step).
+Why the *runtime* API: it is what ONNX Runtime and TensorRT use, so every buffer, stream and event here lives in the
+device's primary context, the one they use. No context is created, pushed or popped; a thread that makes CUDA calls
+selects its device with `CudaDevice.use()` (cudaSetDevice), which is cheap when it is already selected.
 
-Context: TensorRT works through the CUDA runtime API, i.e. in the device's *primary* context. `CudaDevice` retains
-that same primary context (`Device.retain_primary_context`) rather than creating a new one (`make_context`), so our
-buffers and TensorRT's live in one context. A thread that makes CUDA calls makes it current for the duration
-(``with device.active(): ...``); lanes run on different threads, so each run pushes and pops it.
+Errors: every cuda-python call returns its status first, and `check` is the one place a status is read. Any status
+but success becomes a `CudaError` (a BackendError) naming the call, what it was for, and CUDA's error name, e.g.
+``CUDA cudaMalloc (4096 bytes of device memory for emotion lane 0 input 'image') failed: cudaErrorMemoryAllocation``.
 
-Ownership: device and page-locked buffers are freed by `close()` of the object that allocated them, with the context
-current, never by garbage collection. pycuda has no explicit destroy for streams and events, so their owners drop
-the last reference inside `close()` (with the context current), which destroys them at that point in CPython.
+Ownership: each buffer, stream and event is freed by `close()` of the object that created it (safe twice), never by
+garbage collection: a finaliser runs on whatever thread the collector picks, possibly while a stream still copies
+into the memory it frees. `live_allocations()` counts what is held, so a leak shows (deploy/trt_standin.py reads it).
 
-`pycuda` is imported only inside functions: the module imports on machines without it, and a missing package is a
-`BackendError` naming it, never an ImportError traceback.
+Events are created with cudaEventBlockingSync: a thread waiting for its batch sleeps in the driver instead of
+spinning a CPU core, which with K lanes per model would be K cores taken from video decoding.
+
+cuda-python is imported only inside functions, so this module imports on machines without it; its absence is a
+BackendError naming the package and requirements-gpu.txt, never an ImportError traceback.
 """
 
 from __future__ import annotations
 
+import ctypes
+import importlib
+import math
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from pipeline.inference.backend import BackendError
 
-if TYPE_CHECKING:
-    from pycuda import driver as cuda
-
-T = TypeVar("T")
-
 GPU_REQUIREMENTS = "pip install -r requirements-gpu.txt"
+# cuda-python's runtime module; before cuda-python 12.6 it was `cuda.cudart`.
+_RUNTIME_MODULES = ("cuda.bindings.runtime", "cuda.cudart")
+
+_runtime: Any = None
+_ledger_lock = threading.Lock()
+_ledger = {"pinned_bytes": 0, "pinned_buffers": 0, "device_bytes": 0, "device_buffers": 0}
 
 
 class CudaError(BackendError):
-    """A CUDA driver call failed; the message names the call and what it was for."""
+    """A CUDA call failed; the message names the call, what it was for, and CUDA's error name."""
 
 
-def pycuda_problem() -> str | None:
-    """Why `pycuda.driver` cannot be used here (None when it can)."""
-    try:
-        import pycuda.driver  # noqa: F401 - imported to check that it loads (it needs libcuda)
-    except ImportError as exc:
-        return f"pycuda cannot be imported ({exc})"
-    return None
-
-
-def require_pycuda() -> None:
-    problem = pycuda_problem()
-    if problem is not None:
-        raise BackendError(f"the TensorRT backend needs pycuda: {problem}; {GPU_REQUIREMENTS}")
-
-
-def cuda_call(what: str, fn: Callable[..., T], *args: Any) -> T:
-    """Call a pycuda function; a CUDA error becomes CudaError("<what>: <routine> failed: <CUresult>")."""
-    from pycuda import driver as cuda
-
-    try:
-        return fn(*args)
-    except cuda.Error as exc:
-        raise CudaError(f"{what}: {exc}") from exc
-
-
-class CudaDevice:
-    """One GPU and its retained primary context. `close()` releases the context; safe to call twice."""
-
-    def __init__(self, ordinal: int = 0) -> None:
-        require_pycuda()
-        from pycuda import driver as cuda
-
-        cuda_call("initialise CUDA", cuda.init)
-        count = cuda_call("count CUDA devices", cuda.Device.count)
-        if ordinal >= count:
-            raise CudaError(f"CUDA device {ordinal} does not exist ({count} device(s) visible)")
-        self.ordinal = ordinal
-        self._device = cuda_call(f"open CUDA device {ordinal}", cuda.Device, ordinal)
-        self.name: str = cuda_call("read the GPU name", self._device.name)
-        major, minor = cuda_call("read the compute capability", self._device.compute_capability)
-        self.compute_capability = f"{major}.{minor}"
-        self._context: cuda.Context | None = cuda_call("retain the primary context",
-                                                       self._device.retain_primary_context)
-        self._lock = threading.Lock()
-
-    @contextmanager
-    def active(self) -> Iterator[None]:
-        """Make the primary context current on this thread for the block."""
-        from pycuda import driver as cuda
-
-        context = self._context
-        if context is None:
-            raise CudaError(f"CUDA device {self.ordinal} was closed")
-        cuda_call("make the CUDA context current (cuCtxPushCurrent)", context.push)
+def _import_runtime() -> tuple[Any, str | None]:
+    """cuda-python's runtime module, or None and why each import path failed."""
+    errors: list[str] = []
+    for name in _RUNTIME_MODULES:
         try:
-            yield
-        finally:
-            cuda_call("release the CUDA context (cuCtxPopCurrent)", cuda.Context.pop)
-
-    def close(self) -> None:
-        """Release the retained primary context. pycuda only releases it from the thread that retained it; from
-        another thread the retain is left to process exit (the context stays usable by TensorRT either way)."""
-        with self._lock:
-            context, self._context = self._context, None
-        if context is not None:
-            cuda_call("release the primary context (cuDevicePrimaryCtxRelease)", context.detach)
+            return importlib.import_module(name), None
+        except ImportError as exc:
+            errors.append(f"{name}: {exc}")
+    return None, "; ".join(errors)
 
 
-class PinnedBuffer:
-    """Page-locked host memory as a flat numpy array of `capacity` elements; views of it are copied in and out."""
-
-    def __init__(self, what: str, capacity: int, dtype: np.dtype[Any]) -> None:
-        from pycuda import driver as cuda
-
-        self.what = what
-        self.dtype = np.dtype(dtype)
-        self.capacity = max(1, int(capacity))
-        self._array: np.ndarray | None = cuda_call(f"allocate pinned host memory for {what} (cuMemHostAlloc)",
-                                                   cuda.pagelocked_empty, (self.capacity,), self.dtype)
-
-    def view(self, shape: tuple[int, ...]) -> np.ndarray:
-        """A C-contiguous view of the first prod(shape) elements, shaped `shape`."""
-        if self._array is None:
-            raise CudaError(f"pinned buffer for {self.what} was freed")
-        count = int(np.prod(shape, dtype=np.int64))
-        if count > self.capacity:
-            raise BackendError(f"{self.what}: {shape} needs {count} elements, the buffer holds {self.capacity}")
-        return self._array[:count].reshape(shape)
-
-    def close(self) -> None:
-        array, self._array = self._array, None
-        if array is None:
-            return
-        allocation: object = array.base  # pycuda's HostAllocation owns the memory
-        free = getattr(allocation, "free", None)
-        if callable(free):
-            cuda_call(f"free pinned host memory for {self.what} (cuMemFreeHost)", free)
+def cuda_python_problem() -> str | None:
+    """Why cuda-python's runtime API cannot be used here (None when it can)."""
+    if _runtime is not None:
+        return None
+    problem = _import_runtime()[1]
+    return None if problem is None else f"cuda-python cannot be imported ({problem})"
 
 
-class DeviceBuffer:
-    """Device memory of `nbytes`; `ptr` is its address for TensorRT."""
-
-    def __init__(self, what: str, nbytes: int) -> None:
-        from pycuda import driver as cuda
-
-        self.what = what
-        self.nbytes = max(1, int(nbytes))
-        self._allocation: cuda.DeviceAllocation | None = cuda_call(
-            f"allocate {self.nbytes} bytes of device memory for {what} (cuMemAlloc)", cuda.mem_alloc, self.nbytes)
-        self.ptr = int(self._allocation)
-
-    def close(self) -> None:
-        allocation, self._allocation = self._allocation, None
-        if allocation is not None:
-            cuda_call(f"free device memory for {self.what} (cuMemFree)", allocation.free)
+def load_runtime() -> Any:
+    """cuda-python's runtime module; BackendError naming the package when it is not installed."""
+    global _runtime
+    if _runtime is None:
+        module, problem = _import_runtime()
+        if problem is not None:
+            raise BackendError(f"CUDA on the GPU needs cuda-python, which cannot be imported ({problem}); "
+                               f"{GPU_REQUIREMENTS}")
+        _runtime = module
+    return _runtime
 
 
-class StreamAndEvent:
-    """A CUDA stream and the event that marks the end of a run's work on it."""
+def error_name(status: Any) -> str:
+    """CUDA's name for a status (`cudaErrorMemoryAllocation`), whichever form cuda-python returned it in."""
+    name = getattr(status, "name", None)  # cudaError_t is an enum
+    if isinstance(name, str) and name:
+        return name
+    try:
+        found = load_runtime().cudaGetErrorName(status)[1]
+    except (BackendError, TypeError, ValueError, IndexError):
+        return f"CUDA error {int(status)}"
+    return found.decode() if isinstance(found, bytes) else str(found)
+
+
+def check(result: Any, call: str) -> Any:
+    """The value(s) of a cuda-python call; CudaError naming `call` unless its status is success.
+
+    cuda-python returns ``(status,)``, ``(status, value)`` or ``(status, value, ...)``; this returns None, the value,
+    or the tuple of values."""
+    status, *values = result if isinstance(result, tuple) else (result,)
+    if int(status) != 0:
+        raise CudaError(f"CUDA {call} failed: {error_name(status)}")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _account(kind: str, nbytes: int) -> None:
+    with _ledger_lock:
+        _ledger[f"{kind}_bytes"] += nbytes
+        _ledger[f"{kind}_buffers"] += 1 if nbytes > 0 else -1
+
+
+def live_allocations() -> dict[str, int]:
+    """Pinned host and device memory allocated here and not yet closed: bytes and buffer counts."""
+    with _ledger_lock:
+        return dict(_ledger)
+
+
+def memory_info() -> tuple[int, int]:
+    """(free, total) bytes of the current device's memory, as CUDA reports them (cudaMemGetInfo)."""
+    free, total = check(load_runtime().cudaMemGetInfo(), "cudaMemGetInfo (read free GPU memory)")
+    return int(free), int(total)
+
+
+@dataclass(frozen=True)
+class CudaDevice:
+    """One GPU: its ordinal, name and compute capability ("9.0"), read once at open."""
+
+    ordinal: int
+    name: str
+    compute_capability: str
+
+    @classmethod
+    def open(cls, ordinal: int = 0) -> CudaDevice:
+        """Select GPU `ordinal` on this thread and read its properties; CudaError when there is none."""
+        runtime = load_runtime()
+        count = int(check(runtime.cudaGetDeviceCount(), "cudaGetDeviceCount (count the GPUs)"))
+        if not 0 <= ordinal < count:
+            raise CudaError(f"CUDA device {ordinal} does not exist ({count} device(s) visible)")
+        check(runtime.cudaSetDevice(ordinal), f"cudaSetDevice({ordinal})")
+        props = check(runtime.cudaGetDeviceProperties(ordinal), f"cudaGetDeviceProperties({ordinal})")
+        raw = props.name
+        name = raw.split(b"\0", 1)[0].decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+        return cls(ordinal, name.strip(), f"{int(props.major)}.{int(props.minor)}")
+
+    def use(self) -> None:
+        """Make this GPU current on the calling thread (the runtime API keeps the current device per thread)."""
+        check(load_runtime().cudaSetDevice(self.ordinal), f"cudaSetDevice({self.ordinal})")
+
+
+class _Owned:
+    """A CUDA handle or address that close() releases exactly once, whichever thread calls it."""
 
     def __init__(self, what: str) -> None:
-        from pycuda import driver as cuda
-
         self.what = what
-        self._stream: cuda.Stream | None = cuda_call(f"create the CUDA stream of {what} (cuStreamCreate)", cuda.Stream)
-        self._event: cuda.Event | None = cuda_call(f"create the CUDA event of {what} (cuEventCreate)", cuda.Event)
+        self._lock = threading.Lock()
+        self._handle: Any = None
+
+    def _live(self) -> Any:
+        handle = self._handle
+        if handle is None:
+            raise CudaError(f"{self.what} was closed")
+        return handle
+
+    def _take(self) -> Any:
+        with self._lock:
+            handle, self._handle = self._handle, None
+        return handle
+
+
+class PinnedBuffer(_Owned):
+    """`nbytes` of page-locked host memory (cudaMallocHost), seen through numpy views.
+
+    Page-locked memory is what lets a host-to-device copy run asynchronously at full PCIe speed. A view points into
+    this memory and must not be used after close(); the owner (a lane) closes only after its last run."""
+
+    def __init__(self, what: str, nbytes: int) -> None:
+        super().__init__(what)
+        self.nbytes = max(1, int(nbytes))
+        self._handle = int(check(load_runtime().cudaMallocHost(self.nbytes),
+                                 f"cudaMallocHost ({self.nbytes} bytes of pinned host memory for {what})"))
+        _account("pinned", self.nbytes)
 
     @property
-    def stream(self) -> cuda.Stream:
-        if self._stream is None:
-            raise CudaError(f"the stream of {self.what} was closed")
-        return self._stream
+    def ptr(self) -> int:
+        return int(self._live())
+
+    def view(self, shape: tuple[int, ...], dtype: np.dtype[Any] | type) -> np.ndarray:
+        """A C-contiguous array of `shape` and `dtype` over the start of the buffer."""
+        dtype = np.dtype(dtype)
+        count = math.prod(int(d) for d in shape)
+        needed = count * dtype.itemsize
+        if needed > self.nbytes:
+            raise BackendError(f"{self.what}: {shape} {dtype} needs {needed} bytes, the buffer holds {self.nbytes}")
+        raw = (ctypes.c_uint8 * max(needed, 1)).from_address(self.ptr)
+        return np.frombuffer(memoryview(raw), dtype=np.uint8, count=needed).view(dtype).reshape(shape)
+
+    def close(self) -> None:
+        ptr = self._take()
+        if ptr is not None:
+            _account("pinned", -self.nbytes)
+            check(load_runtime().cudaFreeHost(ptr), f"cudaFreeHost (pinned host memory for {self.what})")
+
+
+class DeviceBuffer(_Owned):
+    """`nbytes` of device memory (cudaMalloc); `ptr` is its address, for TensorRT and ONNX Runtime bindings."""
+
+    def __init__(self, what: str, nbytes: int) -> None:
+        super().__init__(what)
+        self.nbytes = max(1, int(nbytes))
+        self._handle = int(check(load_runtime().cudaMalloc(self.nbytes),
+                                 f"cudaMalloc ({self.nbytes} bytes of device memory for {what})"))
+        _account("device", self.nbytes)
+
+    @property
+    def ptr(self) -> int:
+        return int(self._live())
+
+    def close(self) -> None:
+        ptr = self._take()
+        if ptr is not None:
+            _account("device", -self.nbytes)
+            check(load_runtime().cudaFree(ptr), f"cudaFree (device memory for {self.what})")
+
+
+class Stream(_Owned):
+    """A non-blocking CUDA stream: it never waits for the legacy default stream other libraries may use.
+
+    Copies are queued asynchronously; the host arrays must stay untouched until the work is known to be done (an
+    Event recorded after it, or synchronize())."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        runtime = load_runtime()
+        self._handle = check(runtime.cudaStreamCreateWithFlags(runtime.cudaStreamNonBlocking),
+                             f"cudaStreamCreateWithFlags (the stream of {what})")
 
     @property
     def handle(self) -> int:
-        return int(self.stream.handle)
+        """The stream's address, as TensorRT's execute_async_v3 and ONNX Runtime's user_compute_stream take it."""
+        return int(self._live())
+
+    @property
+    def raw(self) -> Any:
+        """cuda-python's own stream object, for other cuda-python calls."""
+        return self._live()
 
     def copy_in(self, device: DeviceBuffer, host: np.ndarray) -> None:
-        from pycuda import driver as cuda
-
-        if host.nbytes > device.nbytes:
-            raise BackendError(f"{device.what}: {host.nbytes} bytes do not fit in {device.nbytes}")
-        cuda_call(f"{self.what}: copy {device.what} to the GPU (cuMemcpyHtoDAsync)", cuda.memcpy_htod_async,
-                  device.ptr, host, self.stream)
+        """Queue host → device (cudaMemcpyAsync) of all of `host` to the start of `device`."""
+        runtime = load_runtime()
+        self._copy(device.ptr, _host_address(host, device), host.nbytes, runtime.cudaMemcpyKind.cudaMemcpyHostToDevice,
+                   f"{self.what}: copy {device.what} to the GPU")
 
     def copy_out(self, host: np.ndarray, device: DeviceBuffer) -> None:
-        from pycuda import driver as cuda
+        """Queue device → host (cudaMemcpyAsync) of the start of `device` into all of `host`."""
+        runtime = load_runtime()
+        self._copy(_host_address(host, device), device.ptr, host.nbytes, runtime.cudaMemcpyKind.cudaMemcpyDeviceToHost,
+                   f"{self.what}: copy {device.what} from the GPU")
 
-        if host.nbytes > device.nbytes:
-            raise BackendError(f"{device.what}: {host.nbytes} bytes requested, {device.nbytes} allocated")
-        cuda_call(f"{self.what}: copy {device.what} from the GPU (cuMemcpyDtoHAsync)", cuda.memcpy_dtoh_async,
-                  host, device.ptr, self.stream)
-
-    def finish(self) -> None:
-        """Record the event after everything queued on the stream and wait for it."""
-        if self._event is None:
-            raise CudaError(f"the event of {self.what} was closed")
-        cuda_call(f"{self.what}: record the completion event (cuEventRecord)", self._event.record, self.stream)
-        cuda_call(f"{self.what}: wait for the GPU (cuEventSynchronize)", self._event.synchronize)
+    def _copy(self, dst: int, src: int, nbytes: int, kind: Any, what: str) -> None:
+        check(load_runtime().cudaMemcpyAsync(dst, src, nbytes, kind, self._live()), f"cudaMemcpyAsync ({what})")
 
     def synchronize(self) -> None:
-        """Wait for everything queued on the stream (used after a failed run, before its buffers are reused)."""
-        cuda_call(f"{self.what}: wait for the stream (cuStreamSynchronize)", self.stream.synchronize)
+        """Wait for everything queued on the stream."""
+        check(load_runtime().cudaStreamSynchronize(self._live()), f"cudaStreamSynchronize ({self.what})")
 
     def close(self) -> None:
-        """Wait for outstanding work, then drop the stream and event (pycuda destroys them on the last reference)."""
-        stream = self._stream
-        if stream is not None:
-            cuda_call(f"{self.what}: drain the stream before closing (cuStreamSynchronize)", stream.synchronize)
-        self._event = None
-        self._stream = None
+        """Wait for the stream's work, then destroy it (also when the wait fails, e.g. after a GPU fault)."""
+        stream = self._take()
+        if stream is None:
+            return
+        runtime = load_runtime()
+        try:
+            check(runtime.cudaStreamSynchronize(stream), f"cudaStreamSynchronize (drain {self.what} before closing)")
+        finally:
+            check(runtime.cudaStreamDestroy(stream), f"cudaStreamDestroy ({self.what})")
+
+
+class Event(_Owned):
+    """A completion marker: record() after a run's work, synchronize() sleeps until the GPU has reached it.
+
+    Blocking-sync (the waiting thread sleeps, no CPU spin) and no timing (recording one is cheaper)."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        runtime = load_runtime()
+        flags = int(runtime.cudaEventBlockingSync) | int(runtime.cudaEventDisableTiming)
+        self._handle = check(runtime.cudaEventCreateWithFlags(flags), f"cudaEventCreateWithFlags (the event of {what})")
+
+    def record(self, stream: Stream) -> None:
+        check(load_runtime().cudaEventRecord(self._live(), stream.raw), f"cudaEventRecord ({self.what})")
+
+    def synchronize(self) -> None:
+        check(load_runtime().cudaEventSynchronize(self._live()), f"cudaEventSynchronize ({self.what})")
+
+    def close(self) -> None:
+        event = self._take()
+        if event is not None:
+            check(load_runtime().cudaEventDestroy(event), f"cudaEventDestroy ({self.what})")
+
+
+def _host_address(host: np.ndarray, device: DeviceBuffer) -> int:
+    """The address of a host array that may be copied to or from `device` as one block."""
+    if not host.flags.c_contiguous:
+        raise BackendError(f"{device.what}: host array {host.shape} is not C-contiguous")
+    if host.nbytes > device.nbytes:
+        raise BackendError(f"{device.what}: a copy of {host.nbytes} bytes does not fit in {device.nbytes}")
+    return int(host.ctypes.data)

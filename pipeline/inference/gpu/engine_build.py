@@ -13,6 +13,14 @@ An engine is only valid for the GPU (name and compute capability), the TensorRT 
 its file name and its sidecar; `sidecar_mismatches` compares a sidecar with what is running, and a mismatch means
 rebuild (or, when building is not allowed, a BackendError that prints the exact build-engine command).
 
+The timing cache (kernel timings reused by later builds) is kept per TensorRT version,
+`engines/timing-trt<version>.cache`: a cache from another version is useless to the builder, and one that TensorRT
+cannot read or refuses is treated as absent (logged), never as a failed build.
+
+TensorRT's log messages are collected by `TrtMessages`, tagged with the thread that logged them and a sequence number,
+so an error quotes only what TensorRT said on the failing call's own thread since that call began, never another
+lane's messages.
+
 `tensorrt` is imported only inside functions: this module imports (and its pure parts are tested) without it.
 """
 
@@ -34,17 +42,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pipeline.inference.backend import BackendError
-from pipeline.inference.gpu.cuda import GPU_REQUIREMENTS, CudaDevice, pycuda_problem
-from pipeline.modelprep.manifest import ModelManifest
-from pipeline.modelprep.prepare import sha256_of
+from pipeline.inference.gpu.cuda import (
+    GPU_REQUIREMENTS,
+    CudaDevice,
+    cuda_python_problem,
+)
 
 if TYPE_CHECKING:
     import tensorrt as trt
 
+    from pipeline.modelprep.manifest import ModelManifest
+
 log = logging.getLogger(__name__)
 
 ENGINES_DIR = Path(__file__).resolve().parents[3] / "engines"
-TIMING_CACHE_NAME = "timing.cache"
 SIDECAR_FORMAT = 1
 DEFAULT_WORKSPACE_BYTES = 1 << 30  # builder scratch memory; these models need far less, big tactics may want it
 
@@ -158,6 +169,12 @@ def build_command(key: EngineKey, fixed_size: bool) -> str:
     return command
 
 
+def timing_cache_path(engines_dir: Path, tensorrt_version: str) -> Path:
+    """Where builds with this TensorRT version keep their timing cache (one file per version: a cache made by
+    another version is of no use to the builder)."""
+    return engines_dir / f"timing-trt{sanitise(tensorrt_version)}.cache"
+
+
 def input_channels(manifest: ModelManifest) -> int:
     return 1 if manifest.input.color == "gray" else 3
 
@@ -205,27 +222,40 @@ def tensorrt_problem() -> str | None:
 
 def require_gpu_packages() -> str:
     """TensorRT's version, or BackendError naming each missing package and how to install it."""
-    problems = [p for p in (tensorrt_problem(), pycuda_problem()) if p is not None]
+    problems = [p for p in (tensorrt_problem(), cuda_python_problem()) if p is not None]
     if problems:
-        raise BackendError(f"the TensorRT backend and build-engine need tensorrt and pycuda: {'; '.join(problems)}; "
-                           f"{GPU_REQUIREMENTS}")
+        raise BackendError(f"the TensorRT backend and build-engine need tensorrt and cuda-python: "
+                           f"{'; '.join(problems)}; {GPU_REQUIREMENTS}")
     import tensorrt as trt
 
     return trt.__version__
 
 
+@dataclass(frozen=True)
+class _Message:
+    seq: int  # position in the log, see TrtMessages.mark
+    thread: int  # threading.get_ident() of the thread TensorRT logged it on
+    text: str
+
+
 class TrtMessages:
-    """TensorRT's log messages (WARNING and worse), kept so they can be quoted in errors, and forwarded to logging."""
+    """TensorRT's log messages (WARNING and worse), kept so they can be quoted in errors, and forwarded to logging.
+
+    One logger serves a runtime and every lane made from it, and the lanes run on their own threads. TensorRT logs an
+    API call's errors on the thread that made the call, so each message is tagged with its thread and a sequence
+    number: take `mark()` before a call, and `tail(since=mark)` quotes only what that call's thread logged since."""
 
     def __init__(self, limit: int = 200) -> None:
-        self._messages: deque[str] = deque(maxlen=limit)
+        self._messages: deque[_Message] = deque(maxlen=limit)
+        self._seq = 0
         self._lock = threading.Lock()
 
     def add(self, level: int, label: str, msg: str) -> None:
         """`level` uses TensorRT's order: 0 internal error, 1 error, 2 warning, 3 info, 4 verbose."""
         if level <= 2:
             with self._lock:
-                self._messages.append(f"[{label}] {msg}")
+                self._seq += 1
+                self._messages.append(_Message(self._seq, threading.get_ident(), f"[{label}] {msg}"))
         if level <= 1:
             log.error("TensorRT: %s", msg)
         elif level == 2:
@@ -233,17 +263,27 @@ class TrtMessages:
         elif level == 3:
             log.debug("TensorRT: %s", msg)
 
-    def messages(self) -> list[str]:
+    def mark(self) -> int:
+        """A point in the log; messages logged after it have a higher sequence number."""
         with self._lock:
-            return list(self._messages)
+            return self._seq
+
+    def messages(self, since: int | None = None) -> list[str]:
+        """Every kept message (since=None), or those logged on the calling thread after the mark `since`."""
+        me = threading.get_ident()
+        with self._lock:
+            return [m.text for m in self._messages if since is None or (m.seq > since and m.thread == me)]
 
     def clear(self) -> None:
         with self._lock:
             self._messages.clear()
 
-    def tail(self, count: int = 6) -> str:
-        recent = self.messages()[-count:]
-        return " | ".join(recent) if recent else "TensorRT logged nothing"
+    def tail(self, count: int = 6, since: int | None = None) -> str:
+        """The last `count` messages of `messages(since)`, joined for an error message."""
+        recent = self.messages(since)[-count:]
+        if recent:
+            return " | ".join(recent)
+        return "TensorRT logged nothing" if since is None else "TensorRT logged nothing for this call"
 
 
 def make_logger(messages: TrtMessages) -> trt.ILogger:
@@ -348,7 +388,10 @@ def _write_atomically(path: Path, data: bytes | memoryview) -> None:
 
 
 def _timing_cache(config: trt.IBuilderConfig, path: Path) -> trt.ITimingCache:
-    """Attach the persistent timing cache (a fresh one if there is none or it belongs to another GPU/TensorRT)."""
+    """Attach this TensorRT version's persistent timing cache, or a fresh one when that file is missing or unusable.
+
+    A cache TensorRT cannot read (create_timing_cache gives nothing) or refuses (set_timing_cache: another GPU) only
+    costs build time, so it is logged and replaced, never a failed build."""
     data = b""
     try:
         data = path.read_bytes()
@@ -356,15 +399,30 @@ def _timing_cache(config: trt.IBuilderConfig, path: Path) -> trt.ITimingCache:
         pass
     except OSError as exc:
         log.warning("cannot read timing cache %s (%s); starting a new one", path, exc)
-    cache = config.create_timing_cache(data)
-    if config.set_timing_cache(cache, ignore_mismatch=False):
-        if data:
+    if data:
+        cache = _usable_timing_cache(config, data, path)
+        if cache is not None:
             log.info("using timing cache %s (%d KB)", path.name, len(data) // 1024)
-        return cache
-    log.warning("timing cache %s was made on another GPU or TensorRT version; starting a new one", path.name)
-    cache = config.create_timing_cache(b"")
+            return cache
+    fresh: trt.ITimingCache | None = config.create_timing_cache(b"")
+    if fresh is None or not config.set_timing_cache(fresh, ignore_mismatch=False):
+        raise BackendError("TensorRT could not create an empty timing cache")
+    return fresh
+
+
+def _usable_timing_cache(config: trt.IBuilderConfig, data: bytes, path: Path) -> trt.ITimingCache | None:
+    """The cache read from `path` and attached to `config`, or None (logged) when TensorRT cannot use it."""
+    try:
+        cache: trt.ITimingCache | None = config.create_timing_cache(data)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        log.warning("timing cache %s cannot be read by this TensorRT (%s); starting a new one", path.name, exc)
+        return None
+    if cache is None:
+        log.warning("timing cache %s cannot be read by this TensorRT; starting a new one", path.name)
+        return None
     if not config.set_timing_cache(cache, ignore_mismatch=False):
-        raise BackendError("TensorRT refused an empty timing cache")
+        log.warning("timing cache %s was made on another GPU or TensorRT build; starting a new one", path.name)
+        return None
     return cache
 
 
@@ -408,7 +466,7 @@ def build_engine(key: EngineKey, onnx_path: Path, channels: int, *, engines_dir:
     if config.add_optimization_profile(profile) < 0:
         raise BackendError(f"{key.model}: TensorRT rejected the optimisation profile {shapes}: {messages.tail()}")
 
-    cache_path = engines_dir / TIMING_CACHE_NAME
+    cache_path = timing_cache_path(engines_dir, key.tensorrt)
     _timing_cache(config, cache_path)
     monitor = make_progress_monitor(title)  # must outlive the build: keep the reference until it returns
     config.progress_monitor = monitor
@@ -421,10 +479,7 @@ def build_engine(key: EngineKey, onnx_path: Path, channels: int, *, engines_dir:
     if serialized is None or serialized.nbytes == 0:
         raise BackendError(f"{key.model}: TensorRT could not build an engine from {onnx_path.name}: {messages.tail()}")
     _write_atomically(target, memoryview(serialized))
-    try:
-        _write_atomically(cache_path, memoryview(config.get_timing_cache().serialize()))
-    except OSError as exc:  # the engine is fine without it
-        log.warning("could not save the timing cache %s: %s", cache_path, exc)
+    _save_timing_cache(config, cache_path)
     del monitor
 
     sidecar: dict[str, object] = {"format": SIDECAR_FORMAT, **key.to_dict(), "onnx_file": onnx_path.name,
@@ -435,6 +490,18 @@ def build_engine(key: EngineKey, onnx_path: Path, channels: int, *, engines_dir:
     _write_atomically(sidecar_path(target), (json.dumps(sidecar, indent=2) + "\n").encode())
     log.info("%s: wrote %s (%.1f MB) in %.0f s", title, target.name, serialized.nbytes / 1e6, seconds)
     return BuildResult(target, sidecar, built=True)
+
+
+def _save_timing_cache(config: trt.IBuilderConfig, path: Path) -> None:
+    """Keep the build's timing cache for the next build; the engine is fine without it, so failures are logged."""
+    cache: trt.ITimingCache | None = config.get_timing_cache()
+    if cache is None:
+        log.warning("TensorRT returned no timing cache to save in %s", path.name)
+        return
+    try:
+        _write_atomically(path, memoryview(cache.serialize()))
+    except OSError as exc:
+        log.warning("could not save the timing cache %s: %s", path, exc)
 
 
 def _why_missing(key: EngineKey, engines_dir: Path) -> str:
@@ -472,7 +539,8 @@ def ensure_engine(key: EngineKey, onnx_path: Path, channels: int, *, fixed_size:
         return BuildResult(target, read_sidecar(sidecar_path(target)) or {}, built=False)
     reason = "rebuild requested (--force)" if problem is None else problem
     if no_build:
-        raise BackendError(f"{key.model}: TensorRT engine not usable: {reason}. Build it with: "
+        raise BackendError(f"{key.model}: TensorRT engine not usable: {reason}. It is not built at start "
+                           f"(inference.tensorrt.build_missing: false). Build it with: "
                            f"{build_command(key, fixed_size)}")
     log.info("%s %s: building a TensorRT engine: %s", key.model, key.precision, reason)
     return build_engine(key, onnx_path, channels, engines_dir=engines_dir, workspace_bytes=workspace_bytes)
@@ -481,6 +549,10 @@ def ensure_engine(key: EngineKey, onnx_path: Path, channels: int, *, fixed_size:
 def engine_key(manifest: ModelManifest, onnx_path: Path, precision: str, max_batch: int,
                input_size: tuple[int, int] | None, device: CudaDevice, tensorrt_version: str) -> EngineKey:
     """The key for this model on this GPU; the input size is the manifest's when fixed, else `input_size`."""
+    from pipeline.modelprep.prepare import (
+        sha256_of,  # here, not above: it loads onnx, and the settings import us
+    )
+
     size = manifest.input.size or input_size
     if size is None:
         raise BackendError(f"{manifest.name}: its input size is set by the config (detector.input_size), "
@@ -490,15 +562,11 @@ def engine_key(manifest: ModelManifest, onnx_path: Path, precision: str, max_bat
 
 
 def build_for_cli(manifest: ModelManifest, onnx_path: Path, precision: str, max_batch: int,
-                  input_size: tuple[int, int] | None, *, force: bool = False,
-                  engines_dir: Path = ENGINES_DIR) -> BuildResult:
-    """What `run_pipeline.py build-engine` does for one model."""
+                  input_size: tuple[int, int] | None, *, force: bool = False, engines_dir: Path = ENGINES_DIR,
+                  workspace_bytes: int = DEFAULT_WORKSPACE_BYTES) -> BuildResult:
+    """What `run_pipeline.py build-engine` does for one model (on GPU 0, in its primary context)."""
     version = require_gpu_packages()
-    device = CudaDevice(0)
-    try:
-        key = engine_key(manifest, onnx_path, precision, max_batch, input_size, device, version)
-        with device.active():
-            return ensure_engine(key, onnx_path, input_channels(manifest), fixed_size=manifest.input.size is not None,
-                                 force=force, engines_dir=engines_dir)
-    finally:
-        device.close()
+    device = CudaDevice.open(0)
+    key = engine_key(manifest, onnx_path, precision, max_batch, input_size, device, version)
+    return ensure_engine(key, onnx_path, input_channels(manifest), fixed_size=manifest.input.size is not None,
+                         force=force, engines_dir=engines_dir, workspace_bytes=workspace_bytes)

@@ -1,0 +1,84 @@
+"""Builders for the parts of the daemon that a reload may replace: models, outputs, trackers, FFmpeg's RTSP option.
+
+Each takes explicit settings and returns a new object (or raises, having closed whatever it had opened), so the
+daemon can prepare everything that may fail before it swaps anything in. None of them knows the daemon.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from pipeline.capture.sources import configure_ffmpeg
+from pipeline.inference.perception import Perception
+from pipeline.outputs.registry import create_sink
+from pipeline.outputs.websocket import WebsocketSink
+from pipeline.service.lifecycle import close_sinks
+from pipeline.vision.track import IouTracker
+
+if TYPE_CHECKING:
+    from pipeline.config.app import AppConfig
+    from pipeline.outputs.base import Sink
+    from pipeline.outputs.websocket import EventHub
+
+CONFIG_EVENT_OUTPUTS = frozenset({"stdout", "websocket"})  # the JSON outputs also carry `config` events
+
+
+def load_perception(cfg: AppConfig) -> Perception:
+    """The shared models, loaded and warmed (a first frame then costs no lazy initialisation); closed on failure."""
+    perception = Perception.from_config(cfg)
+    try:
+        perception.warm_up()
+    except BaseException:
+        perception.close()
+        raise
+    return perception
+
+
+def open_sinks(outputs: list[Any], hub: EventHub, close_timeout_s: float, presets: Sequence[str] = ()) -> list[Sink]:
+    """Every output started; if one fails, the ones already started are closed again and the error raised.
+
+    `presets`: the expression names the behaviour rules use (`BehaviorConfig.rule_presets`), for outputs that reset
+    every expression they may have set (VMC)."""
+    sinks: list[Sink] = []
+    try:
+        for out in outputs:
+            sink = create_sink(out, presets=presets)
+            if isinstance(sink, WebsocketSink):
+                sink.bind(hub)
+            if sink.type_name in CONFIG_EVENT_OUTPUTS:
+                sink.events = sink.events | {"config"}
+            sink.start()
+            sinks.append(sink)
+    except BaseException:
+        close_sinks(sinks, close_timeout_s)
+        raise
+    return sinks
+
+
+def configure_hub(hub: EventHub, cfg: AppConfig) -> None:
+    """The /ws hub follows the `websocket` output (disabled without one)."""
+    hub.configure(next((o for o in cfg.outputs if o.type == "websocket"), None))
+
+
+def set_rtsp_transport(cfg: AppConfig) -> None:
+    """FFmpeg's RTSP options are process-wide: set them before any stream opens."""
+    transports = {c.rtsp_transport for c in cfg.cameras if c.enabled and c.source_kind == "rtsp"}
+    configure_ffmpeg(transports.pop() if transports else "tcp")
+
+
+def new_tracker(cfg: AppConfig) -> IouTracker:
+    t = cfg.tracking
+    return IouTracker(t.iou_threshold, t.max_age_s, t.smoothing_half_life_ms)
+
+
+def label_sinks(sinks: list[Sink]) -> list[tuple[str, Sink]]:
+    """Each output with a unique label for metrics and status: its type, then type-2, type-3 … for repeats."""
+    seen: Counter[str] = Counter()
+    labels = []
+    for sink in list(sinks):
+        seen[sink.type_name] += 1
+        n = seen[sink.type_name]
+        labels.append((sink.type_name if n == 1 else f"{sink.type_name}-{n}", sink))
+    return labels

@@ -1,0 +1,52 @@
+"""The emotion classifier's input: a face cut from a frame (box crop or five-point alignment), in the model's size and
+colour. Pure: the inference wing builds a `FaceCropper` from the model's manifest and owns the model itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import cv2
+import numpy as np
+
+from pipeline.core.types import Detection
+from pipeline.vision.align import align_face, box_crop
+
+Colour = Literal["gray", "rgb", "bgr"]
+
+
+@dataclass(frozen=True)
+class FaceCropper:
+    """Cuts faces `size` (width, height) in `colour`, by `crop` (box: the detection box plus `box_margin`, align:
+    similarity transform of the five landmarks onto the training framing)."""
+
+    size: tuple[int, int]
+    colour: Colour
+    crop: str = "box"
+    box_margin: float = 0.0
+
+    @property
+    def channels(self) -> int:
+        return 1 if self.colour == "gray" else 3
+
+    def face_crop(self, image: np.ndarray, face: Detection) -> np.ndarray:
+        """The classifier's input for one face of a BGR frame: H x W x C uint8."""
+        if self.crop == "align":
+            patch = align_face(image, face.landmarks, self.size)
+        else:
+            patch = box_crop(image, face.box, self.size, self.box_margin)
+        return self.from_bgr(patch)
+
+    def from_bgr(self, patch: np.ndarray) -> np.ndarray:
+        """Convert a BGR patch already of the right size to the model's colour; always returns H x W x C."""
+        if self.colour == "gray":
+            return cv2.cvtColor(patch, cv2.COLOR_BGR2GRAY)[:, :, None]
+        if self.colour == "rgb":
+            return np.ascontiguousarray(patch[:, :, ::-1])
+        return patch
+
+    def crop_from_still(self, image: np.ndarray) -> np.ndarray:
+        """An image that is already one face crop (FER2013-style datasets): resize to the model's input."""
+        if image.ndim == 2:
+            image = cv2.cvtColor(image, cv2.COLOR_GRAY2BGR)
+        return self.from_bgr(cv2.resize(image, self.size, interpolation=cv2.INTER_LINEAR))

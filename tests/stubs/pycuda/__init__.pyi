@@ -1,1 +1,0 @@
-# Minimal local stubs: pycuda ships no type information. Only what pipeline/cuda_util.py uses is declared.
