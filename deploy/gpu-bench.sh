@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements of BENCHMARKS.md, run on the lent H200 (see ../shared/tools/gpu-machine.md for getting
 # onnxruntime-gpu there). Usage there, from the project root, with the prepared models/ and a copy of the test
-# videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | engine | pipeline | profile)
+# videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | engine | pipeline | profile | nvdec-capture | nvdec-pipeline)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
 set -uo pipefail
@@ -30,6 +30,24 @@ case "${1:-check}" in
       python3 run_pipeline.py bench pipeline --video "$video" --cameras "$cams" --fps 30 --device cuda \
         --precision "${PRECISION:-fp16}" --detector-input 640x352 --max-batch 64 --lanes 2 --duration "${DURATION:-15}" \
         --mode "${MODE:-both}" --log-level warning --json "$OUT/pipeline_${cams}${TAG:-}.json" ${EXTRA:-}
+    done
+    ;;
+  nvdec-capture)  # capture alone: CPU per camera decoding 1080p on the CPU (FFmpeg) vs on NVDEC (PyNvVideoCodec)
+    for cams in ${CAMS:-16 64}; do
+      for decode in cpu gpu; do
+        python3 run_pipeline.py bench capture --video .benchdata/video/group_1080p.mp4 --cameras "$cams" --seconds 10 \
+          --decode "$decode" --log-level warning --json "$OUT/capture_${cams}_${decode}.json"
+      done
+    done
+    ;;
+  nvdec-pipeline)  # the whole pipeline on group_1080p.mp4 at 25 fps, batched, decode cpu vs gpu in one session
+    for cams in ${CAMS:-16 32 64}; do
+      for decode in ${DECODES:-cpu gpu}; do
+        python3 run_pipeline.py bench pipeline --video .benchdata/video/group_1080p.mp4 --cameras "$cams" --fps 25 \
+          --device cuda --precision fp16 --detector-input 640x352 --max-batch 64 --lanes 2 --batch-step 2 \
+          --duration "${DURATION:-15}" --mode batched --decode "$decode" --log-level warning \
+          --json "$OUT/pipeline_1080p_${cams}_${decode}.json" | tail -3
+      done
     done
     ;;
   profile)

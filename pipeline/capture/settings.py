@@ -96,6 +96,12 @@ class CameraConfig(StrictModel):
                                                   "(a Unix nice increment over the daemon's): when the CPU is full, "
                                                   "inference goes first; a late frame is skipped anyway, a late "
                                                   "batch delays every camera.")
+    decode: Literal["auto", "cpu", "gpu"] = Field("auto", description="Where video is decoded (files, RTSP, HTTP "
+                                                  "streams): gpu = on the GPU's NVDEC engines through PyNvVideoCodec "
+                                                  "(requirements-gpu.txt), demuxing on the CPU; cpu = FFmpeg on the "
+                                                  "CPU; auto = gpu when inference.device is cuda and the GPU can "
+                                                  "decode the stream's codec, else cpu (with a log line saying "
+                                                  "why). USB cameras and the demo clip always use the CPU.")
     enabled: bool = Field(True, description="false keeps the camera in the file but does not open it.")
 
     @field_validator("name", mode="before")

@@ -12,13 +12,19 @@ import logging
 import math
 import os
 import time
-from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import cv2
 import numpy as np
 
+from pipeline.capture.source_base import (
+    SourceEnded,
+    SourceError,
+    VideoSource,
+    _Pacer,
+    pacer_for,
+)
 from pipeline.core.redact import mask_secrets
 
 if TYPE_CHECKING:
@@ -29,52 +35,6 @@ log = logging.getLogger(__name__)
 STREAM_SCHEMES = ("rtsp://", "rtsps://", "http://", "https://")
 OPEN_TIMEOUT_MS = 10_000
 READ_TIMEOUT_MARGIN_S = 2.0
-
-
-class SourceError(RuntimeError):
-    """The source cannot be opened or stopped working; the capture thread retries it."""
-
-
-class SourceEnded(Exception):
-    """A non-looping file reached its end."""
-
-
-class VideoSource(ABC):
-    """A camera or file. Reading is split like OpenCV's: `grab` waits for the next frame, `retrieve` converts it.
-
-    The capture reader grabs every frame (so a live stream is drained and the stall watch is fed) but retrieves
-    only the frames it will analyse, which saves the colour conversion of the others."""
-
-    kind = "abstract"
-
-    @abstractmethod
-    def grab(self, timeout: float) -> bool:
-        """Wait for the next frame; False if none arrived within `timeout` seconds."""
-
-    @abstractmethod
-    def retrieve(self) -> np.ndarray:
-        """The frame last grabbed, as BGR pixels."""
-
-    @abstractmethod
-    def describe(self) -> str:
-        """One line for logs and status (secrets masked)."""
-
-    def close(self) -> None:
-        """Release the device or stream. Safe to call twice."""
-
-
-class _Pacer:
-    """Sleeps so frames come out at `fps`, like a live camera; resynchronises after a long pause."""
-
-    def __init__(self, fps: float) -> None:
-        self.period = 1.0 / fps if fps > 0 else 0.0
-        self._next = time.monotonic()
-
-    def wait(self) -> None:
-        now = time.monotonic()
-        if self._next > now:
-            time.sleep(self._next - now)
-        self._next = max(self._next + self.period, time.monotonic() - self.period)
 
 
 class OpenCvSource(VideoSource):
@@ -118,7 +78,7 @@ class FileSource(OpenCvSource):
         super().__init__(cap, f"file {path.name}")
         self._loop = loop
         fps = cap.get(cv2.CAP_PROP_FPS)
-        self._pacer = _Pacer(fps if 0 < fps <= 240 else 25.0)
+        self._pacer = pacer_for(fps)
         self._frames = 0
 
     def grab(self, timeout: float) -> bool:
@@ -236,8 +196,10 @@ def _stream_source(cfg: CameraConfig, url: str, stall_s: float) -> VideoSource:
     return OpenCvSource(cap, mask_secrets(url))
 
 
-def open_source(cfg: CameraConfig) -> VideoSource:
-    """Open the camera's source by kind; raises SourceError with a clear, secret-free reason."""
+def open_source(cfg: CameraConfig, gpu_active: bool = False) -> VideoSource:
+    """Open the camera's source by kind; raises SourceError with a clear, secret-free reason.
+
+    gpu_active: the models run on a GPU (inference.device cuda), which makes `decode: auto` decode on NVDEC."""
     source = cfg.source
     if isinstance(source, int) or (isinstance(source, str) and source.isdigit()):
         return _usb_source(cfg, int(source))
@@ -248,8 +210,33 @@ def open_source(cfg: CameraConfig) -> VideoSource:
             raise SourceError(f"{source} does not exist (camera unplugged?)")
         return _usb_source(cfg, source)
     if source.startswith(STREAM_SCHEMES):
-        return _stream_source(cfg, source, cfg.reconnect.stall_s)
+        return _gpu_source(cfg, source, mask_secrets(source), gpu_active) or \
+            _stream_source(cfg, source, cfg.reconnect.stall_s)
     path = Path(source).expanduser()
     if not path.is_file():
         raise SourceError(f"video file {path} not found")
-    return FileSource(path, cfg.loop, cfg.decode_threads)
+    return _gpu_source(cfg, str(path), f"file {path.name}", gpu_active) or \
+        FileSource(path, cfg.loop, cfg.decode_threads)
+
+
+def _gpu_source(cfg: CameraConfig, location: str, label: str, gpu_active: bool) -> VideoSource | None:
+    """An NVDEC source when the camera's `decode` asks for one and it can be had; None means: decode on the CPU.
+
+    `decode: gpu` that cannot be had is a SourceError (retried, and said in the camera's events); `decode: auto`
+    falls back to the CPU with one log line per open."""
+    if cfg.decode == "cpu" or (cfg.decode == "auto" and not gpu_active):
+        return None
+    from pipeline.capture.nvdec import NvdecSource, nvdec_problem
+
+    problem = nvdec_problem()
+    if problem is None:
+        try:
+            return NvdecSource(location, label, loop=cfg.loop, paced=not location.startswith(STREAM_SCHEMES))
+        except SourceError as exc:
+            if cfg.decode == "gpu":
+                raise
+            problem = str(exc)
+    if cfg.decode == "gpu":
+        raise SourceError(f"{label}: decode gpu requested, but GPU decoding is unavailable: {problem}")
+    log.info("camera %s: decoding on the CPU (decode auto): %s", cfg.name, problem)
+    return None

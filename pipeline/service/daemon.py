@@ -21,6 +21,8 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from pipeline.behavior.mapper import BehaviorMapper
+from pipeline.capture.source_base import VideoSource
+from pipeline.capture.sources import open_source
 from pipeline.capture.thread import CaptureThread
 from pipeline.config.app import AppConfig, CameraConfig, ConfigError, load_config
 from pipeline.core.redact import mask_secrets
@@ -50,6 +52,7 @@ from pipeline.service.notify import Notifier
 from pipeline.service.parts import (
     configure_hub,
     label_sinks,
+    limit_opencv_threads,
     load_perception,
     new_tracker,
     open_sinks,
@@ -131,6 +134,7 @@ class Daemon:
         self.mapper_thread.start()
         self.started = True
         set_rtsp_transport(self.cfg)
+        limit_opencv_threads(self.cfg)
         for cam_cfg in enabled_cameras(self.cfg).values():
             self.start_camera(cam_cfg)
         self.ready = True
@@ -147,9 +151,14 @@ class Daemon:
             raise RuntimeError("start() loads the models before cameras")
         return PreviewingWorker(capture, self.perception, tracker, self._on_observation, stop)
 
+    def _open_source(self, cam_cfg: CameraConfig) -> VideoSource:
+        """Open a camera's source; `decode: auto` decodes on the GPU while the models run on one (read at each
+        open, so a reload that moves the models takes effect at each camera's next reconnect or restart)."""
+        return open_source(cam_cfg, gpu_active=self.cfg.inference.device != "cpu")
+
     def start_camera(self, cam_cfg: CameraConfig) -> None:
         capture_stop, worker_stop = threading.Event(), threading.Event()
-        capture = CaptureThread(cam_cfg, capture_stop, self._on_camera_event)
+        capture = CaptureThread(cam_cfg, capture_stop, self._on_camera_event, self._open_source)
         worker = self.new_worker(capture, new_tracker(self.cfg), worker_stop)
         self.cameras = {**self.cameras, cam_cfg.name: Camera(cam_cfg, capture, worker, capture_stop, worker_stop)}
         capture.start()

@@ -6,9 +6,12 @@ daemon can prepare everything that may fail before it swaps anything in. None of
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+import cv2
 
 from pipeline.capture.sources import configure_ffmpeg
 from pipeline.inference.perception import Perception
@@ -21,6 +24,8 @@ if TYPE_CHECKING:
     from pipeline.config.app import AppConfig
     from pipeline.outputs.base import Sink
     from pipeline.outputs.websocket import EventHub
+
+log = logging.getLogger(__name__)
 
 CONFIG_EVENT_OUTPUTS = frozenset({"stdout", "websocket"})  # the JSON outputs also carry `config` events
 
@@ -66,6 +71,19 @@ def set_rtsp_transport(cfg: AppConfig) -> None:
     """FFmpeg's RTSP options are process-wide: set them before any stream opens."""
     transports = {c.rtsp_transport for c in cfg.cameras if c.enabled and c.source_kind == "rtsp"}
     configure_ffmpeg(transports.pop() if transports else "tcp")
+
+
+def limit_opencv_threads(cfg: AppConfig) -> None:
+    """With the models on a GPU, run each OpenCV call on its caller's thread (no OpenCV thread pool).
+
+    Many cameras then share the CPU, each with its own threads; OpenCV's pool would split every small conversion
+    and resize across all cores and spin while waiting. Measured on the H200 (16 cores), one 1080p frame through
+    NVDEC: 12.81 ms of CPU with OpenCV's default pool, 1.73 ms with one thread, same wall time
+    (docs/bench/h200-2026-12-01/nvdec_probe.json). On the CPU path the pool is left as it is."""
+    if cfg.inference.device != "cpu":
+        cv2.setNumThreads(1)
+        log.info("inference on %s: OpenCV runs single-threaded per call (the cameras' threads share the CPU)",
+                 cfg.inference.device)
 
 
 def new_tracker(cfg: AppConfig) -> IouTracker:

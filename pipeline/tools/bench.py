@@ -40,6 +40,8 @@ def add_bench_args(parser: argparse.ArgumentParser, parents: list[argparse.Argum
     capture.add_argument("--video", type=Path, action="append", required=True, help="repeatable")
     capture.add_argument("--cameras", type=int, default=1, help="cameras replaying each video at once")
     capture.add_argument("--seconds", type=float, default=10.0)
+    capture.add_argument("--decode", choices=["cpu", "gpu"], default="cpu",
+                         help="decode on the CPU (FFmpeg) or on the GPU's NVDEC (PyNvVideoCodec, camera key decode)")
     capture.add_argument("--json", type=Path, default=None)
 
     from pipeline.tools.bench_engine import add_engine_args
@@ -121,14 +123,19 @@ def bench_capture(args: argparse.Namespace) -> dict[str, object]:
     import resource
     import threading
 
+    from pipeline.capture.sources import open_source
     from pipeline.capture.thread import CaptureThread
     from pipeline.config.app import CameraConfig
 
+    if args.decode == "gpu":
+        import cv2
+
+        cv2.setNumThreads(1)  # as the daemon does with its models on a GPU (service.parts.limit_opencv_threads)
     rows = []
     for video in args.video:
         stop = threading.Event()
-        cams = [CaptureThread(CameraConfig(name=f"c{i}", source=str(video), loop=True), stop, lambda _e: None)
-                for i in range(args.cameras)]
+        cams = [CaptureThread(CameraConfig(name=f"c{i}", source=str(video), loop=True, decode=args.decode), stop,
+                              lambda _e: None, open_source) for i in range(args.cameras)]
         before, t0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
         for cam in cams:
             cam.start()
@@ -139,16 +146,16 @@ def bench_capture(args: argparse.Namespace) -> dict[str, object]:
         after, wall = resource.getrusage(resource.RUSAGE_SELF), time.monotonic() - t0
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         frames = sum(cam.frames_in.total for cam in cams)
-        rows.append({"video": video.name, "cameras": args.cameras, "fps_per_camera": round(frames / wall / args.cameras, 1),
+        rows.append({"video": video.name, "decode": args.decode, "cameras": args.cameras, "fps_per_camera": round(frames / wall / args.cameras, 1),
                      "cpu_percent_per_camera": round(100 * cpu / wall / args.cameras, 1),
                      "cpu_ms_per_frame": round(1000 * cpu / max(frames, 1), 2)})
     return {"mode": "capture", "machine": machine(), "rows": rows}
 
 
 def print_capture_table(result: dict[str, object]) -> None:
-    print(f"{'video':24} {'cams':>4} {'fps/cam':>8} {'CPU %/cam':>10} {'CPU ms/frame':>13}")
+    print(f"{'video':24} {'decode':>6} {'cams':>4} {'fps/cam':>8} {'CPU %/cam':>10} {'CPU ms/frame':>13}")
     for row in result["rows"]:  # type: ignore[attr-defined]
-        print(f"{row['video']:24} {row['cameras']:>4} {row['fps_per_camera']:>8} {row['cpu_percent_per_camera']:>10}"
+        print(f"{row['video']:24} {row.get('decode', 'cpu'):>6} {row['cameras']:>4} {row['fps_per_camera']:>8} {row['cpu_percent_per_camera']:>10}"
               f" {row['cpu_ms_per_frame']:>13}")
 
 

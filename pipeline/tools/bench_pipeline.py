@@ -20,10 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.capture.sources import open_source
 from pipeline.capture.thread import CaptureThread
 from pipeline.config.app import AppConfig, CameraConfig, load_config
 from pipeline.core.types import Observation
 from pipeline.inference.perception import Perception
+from pipeline.service.parts import limit_opencv_threads
 from pipeline.service.worker import CameraWorker
 from pipeline.vision.track import IouTracker
 
@@ -46,6 +48,8 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, default=Path(__file__).resolve().parents[2] / "config/default.yaml")
     parser.add_argument("--decode-threads", type=int, default=1,
                         help="video decoder threads per camera (camera key decode_threads; 0 = FFmpeg's default)")
+    parser.add_argument("--decode", choices=["auto", "cpu", "gpu"], default="auto",
+                        help="where video is decoded (camera key decode; auto = NVDEC with --device cuda)")
     parser.add_argument("--capture-nice", type=int, default=0,
                         help="nice increment for capture and decoding (camera key nice)")
     parser.add_argument("--switch-interval-ms", type=float, default=None,
@@ -57,7 +61,7 @@ def _config(args: argparse.Namespace, naive: bool) -> AppConfig:
     base = load_config(args.config)
     width, height = (int(v) for v in args.detector_input.lower().split("x"))
     cameras = [CameraConfig(name=f"cam{i}", source=str(args.video), loop=True, fps=args.fps,
-                            decode_threads=args.decode_threads, nice=args.capture_nice)
+                            decode_threads=args.decode_threads, nice=args.capture_nice, decode=args.decode)
                for i in range(args.cameras)]
     inference = base.inference.model_copy(update={
         "device": args.device, "precision": args.precision,
@@ -113,7 +117,10 @@ def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
     for perception in {id(p): p for p in perceptions}.values():
         perception.warm_up()  # type: ignore[union-attr]
     stop, recorder = threading.Event(), _Recorder()
-    captures = [CaptureThread(cam, stop, lambda _e: None) for cam in cfg.cameras]
+    limit_opencv_threads(cfg)  # as the daemon does
+    gpu_active = cfg.inference.device != "cpu"
+    captures = [CaptureThread(cam, stop, lambda _e: None, lambda c: open_source(c, gpu_active=gpu_active))
+                for cam in cfg.cameras]
     workers = [CameraWorker(capture, perception, IouTracker(), recorder, stop)  # type: ignore[arg-type]
                for capture, perception, cam in zip(captures, perceptions, cfg.cameras)]
     for thread in [*captures, *workers]:
@@ -138,8 +145,17 @@ def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
     for perception in {id(p): p for p in perceptions}.values():
         perception.close()  # type: ignore[union-attr]
     return _summary(args, naive, wall, frames_in, analysed, recorder, usage0, usage1, rss_mb, peak_mb, gpu_mb,
-                    batch_stats) | {"threads": threads, "decode_threads": args.decode_threads,
+                    batch_stats) | {"threads": threads, "decode_threads": args.decode_threads, "decode": args.decode,
+                                      "decoder": _decoder_kind(captures),
                                       "capture_nice": args.capture_nice}
+
+
+def _decoder_kind(captures: list[CaptureThread]) -> str:
+    """What decoded the cameras in the end (`decode auto` may have fallen back to the CPU): nvdec, cpu or mixed."""
+    on_gpu = ["NVDEC" in c.reader.description for c in captures if c.reader is not None and c.reader.description]
+    if not on_gpu:
+        return "unknown"
+    return "nvdec" if all(on_gpu) else "mixed" if any(on_gpu) else "cpu"
 
 
 def _batch_stats(perceptions: list[Perception]) -> dict[str, Any]:
@@ -191,7 +207,9 @@ def bench_pipeline(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_pipeline_table(result: dict[str, Any]) -> None:
-    print(f"{result['video']} on {result['device']} {result['precision']}, detector {result['detector_input']}")
+    decoders = ",".join(sorted({r.get("decoder", "cpu") for r in result["results"]}))
+    print(f"{result['video']} on {result['device']} {result['precision']}, detector {result['detector_input']}, "
+          f"decoded by {decoders}")
     print(f"{'mode':8} {'cams':>4} {'fps/cam':>8} {'skip%':>6} {'p50':>7} {'p95':>7} {'p99':>7} {'CPU%':>6} "
           f"{'RSS MB':>7} {'GPU MB':>7} {'det batch':>9} {'emo batch':>9}")
     for r in result["results"]:

@@ -1,0 +1,149 @@
+"""Decoding on the GPU's NVDEC (camera key `decode`): the choice between GPU and CPU everywhere, and the NVDEC source
+itself against FFmpeg's CPU decoding on real videos where PyNvVideoCodec and a GPU exist (the lent H200)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.capture.nvdec import nvdec_problem
+from pipeline.capture.settings import CameraConfig
+from pipeline.capture.source_base import SourceEnded, SourceError
+from pipeline.capture.sources import DemoSource, FileSource, open_source
+from pipeline.config.app import ConfigError, parse_config
+from tests.conftest import data_path
+
+NVDEC_PROBLEM = nvdec_problem()
+needs_nvdec = pytest.mark.skipif(NVDEC_PROBLEM is not None, reason=f"NVDEC decoding unavailable: {NVDEC_PROBLEM}")
+without_nvdec = pytest.mark.skipif(NVDEC_PROBLEM is None, reason="PyNvVideoCodec and a GPU are present here")
+
+
+def _camera(source: Path | str, decode: str = "auto", loop: bool = False) -> CameraConfig:
+    return CameraConfig(name="cam", source=str(source), decode=decode, loop=loop)
+
+
+def _cpu_frames(video: Path, count: int) -> list[np.ndarray]:
+    """Up to `count` frames decoded by FFmpeg on the CPU (fewer when the file is shorter)."""
+    source = FileSource(video, loop=False)
+    source._pacer.period = 0.0  # type: ignore[attr-defined]  # no need to wait in real time
+    frames: list[np.ndarray] = []
+    try:
+        while len(frames) < count:
+            source.grab(1.0)
+            frames.append(source.retrieve())
+    except SourceEnded:
+        pass
+    finally:
+        source.close()
+    return frames
+
+
+# ---------------------------------------------------------------- the choice (everywhere)
+
+
+def test_decode_key_is_validated() -> None:
+    with pytest.raises(ConfigError, match=r"cameras\[0\]\.decode"):
+        parse_config("cameras:\n  - {name: cam, source: demo, decode: nvdec}\n")
+
+
+def test_auto_decodes_on_the_cpu_when_the_models_do() -> None:
+    source = open_source(_camera(data_path("video", "woman_short.mp4")), gpu_active=False)
+    try:
+        assert isinstance(source, FileSource)
+    finally:
+        source.close()
+
+
+def test_usb_and_demo_never_go_to_the_gpu() -> None:
+    source = open_source(CameraConfig(name="cam", source="demo", decode="gpu"), gpu_active=True)
+    assert isinstance(source, DemoSource)
+
+
+@without_nvdec
+def test_auto_falls_back_to_the_cpu_with_a_reason(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="pipeline.capture.sources")
+    source = open_source(_camera(data_path("video", "woman_short.mp4")), gpu_active=True)
+    try:
+        assert isinstance(source, FileSource)
+    finally:
+        source.close()
+    lines = [r.getMessage() for r in caplog.records if "decoding on the CPU" in r.getMessage()]
+    assert lines and NVDEC_PROBLEM in lines[0]
+
+
+@without_nvdec
+def test_gpu_requested_but_unavailable_is_a_clear_source_error() -> None:
+    with pytest.raises(SourceError) as caught:
+        open_source(_camera(data_path("video", "woman_short.mp4"), decode="gpu"), gpu_active=False)
+    text = str(caught.value)
+    assert "decode gpu requested" in text and "woman_short.mp4" in text
+    assert "PyNvVideoCodec" in text or "CUDA" in text or "cuda" in text
+
+
+# ---------------------------------------------------------------- NVDEC itself (GPU machine)
+
+
+@needs_nvdec
+def test_nvdec_frames_match_ffmpeg_on_the_cpu() -> None:
+    video = data_path("video", "woman2.mp4")
+    expected = _cpu_frames(video, 30)
+    source = open_source(_camera(video, decode="gpu"), gpu_active=True)
+    try:
+        assert "NVDEC" in source.describe()
+        got = [source.retrieve() for _ in range(len(expected)) if source.grab(1.0)]
+    finally:
+        source.close()
+    assert len(got) == len(expected) == 30
+    for ours, theirs in zip(got, expected):
+        assert ours.shape == theirs.shape and ours.dtype == np.uint8
+        difference = np.abs(ours.astype(np.int16) - theirs.astype(np.int16))
+        assert difference.mean() < 3.0, difference.mean()  # YUV→BGR conversions differ by rounding only
+
+
+@needs_nvdec
+def test_nvdec_file_ends_or_loops_on_one_decoder() -> None:
+    video = data_path("video", "woman_short.mp4")
+    total = len(_cpu_frames(video, 10_000))
+    ending = open_source(_camera(video, decode="gpu"), gpu_active=True)
+    ending._pacer = None  # type: ignore[attr-defined]  # the test need not wait in real time
+    count = 0
+    with pytest.raises(SourceEnded):
+        while ending.grab(1.0):
+            count += 1
+    ending.close()
+    assert abs(count - total) <= 1, (count, total)
+
+    looping = open_source(_camera(video, decode="gpu", loop=True), gpu_active=True)
+    looping._pacer = None  # type: ignore[attr-defined]
+    decoder = looping._decoder  # type: ignore[attr-defined]
+    try:
+        for _ in range(total * 2 + 5):
+            assert looping.grab(1.0)
+        assert looping._decoder is decoder  # type: ignore[attr-defined]  # kept across loops
+        assert looping.retrieve().shape[2] == 3
+    finally:
+        looping.close()
+
+
+@needs_nvdec
+def test_faces_and_emotions_agree_with_cpu_decoding(perception: object) -> None:
+    video = data_path("video", "woman2.mp4")
+    expected = _cpu_frames(video, 40)[::4]
+    source = open_source(_camera(video, decode="gpu"), gpu_active=True)
+    try:
+        frames = [source.retrieve() for _ in range(40) if source.grab(1.0)][::4]
+    finally:
+        source.close()
+    same_count, same_top, faces = 0, 0, 0
+    for ours, theirs in zip(frames, expected):
+        faces_a, scores_a, _ = perception.analyze(ours)  # type: ignore[attr-defined]
+        faces_b, scores_b, _ = perception.analyze(theirs)  # type: ignore[attr-defined]
+        same_count += len(faces_a) == len(faces_b)
+        for a, b in zip(scores_a, scores_b):
+            faces += 1
+            same_top += a.emotion == b.emotion
+    assert same_count == len(expected) and faces > 0
+    assert same_top >= 0.9 * faces
