@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements of BENCHMARKS.md, run on the lent H200 (see ../shared/tools/gpu-machine.md for getting
 # onnxruntime-gpu there). Usage there, from the project root, with the prepared models/ and a copy of the test
-# videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | engine | pipeline | profile | nvdec-capture | nvdec-pipeline)
+# videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | engine | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
 set -uo pipefail
@@ -31,6 +31,9 @@ case "${1:-check}" in
         --precision "${PRECISION:-fp16}" --detector-input 640x352 --max-batch 64 --lanes 2 --duration "${DURATION:-15}" \
         --mode "${MODE:-both}" --log-level warning --json "$OUT/pipeline_${cams}${TAG:-}.json" ${EXTRA:-}
     done
+    ;;
+  trt-standin)  # the TensorRT backend's CUDA plumbing around a stand-in engine (TensorRT cannot be installed here)
+    python3 deploy/trt_standin.py > /dev/null
     ;;
   nvdec-capture)  # capture alone: CPU per camera decoding 1080p on the CPU (FFmpeg) vs on NVDEC (PyNvVideoCodec)
     for cams in ${CAMS:-16 64}; do

@@ -18,11 +18,11 @@ GPU: close waits for it, the run's result is right, later runs are refused, clos
 call for a failed allocation and a failed enqueue copy; a refused enqueue quotes only its own thread's TensorRT
 messages; an oversized copy and a wrong shape are refused before CUDA; the lane works again afterwards).
 
-Run on the GPU machine, from the repository root:   PYTHONPATH=. python3 deploy/trt_standin.py
-It needs python3, numpy and cuda-python (CuPy optional); not onnxruntime, not tensorrt. The backend module declares
-its settings with pydantic: when pydantic is not installed, a minimal stand-in lets those classes be declared (no
-settings model is created here). Prints the JSON summary and writes $OUT/trt_standin.json when $OUT is set.
-Exit status: 0 every check passed, 1 a check failed, 2 no CUDA device or no cuda-python (one line on stderr).
+Run on the GPU machine, from the repository root:   PYTHONPATH=$HOME/site:. python3 deploy/trt_standin.py
+It needs python3, numpy, pydantic and cuda-python (CuPy optional); not onnxruntime, not tensorrt. Prints the JSON
+summary and writes $OUT/trt_standin.json when $OUT is set.
+Exit status: 0 every check passed, 1 a check failed, 2 no CUDA device, no cuda-python or no pydantic (one line on
+stderr).
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import os
 import sys
 import threading
 import time
-import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,29 +50,15 @@ BUSY_TARGET_S = 0.2
 MAX_BUSY_COPIES = 600  # stays below the depth of a stream's work queue, so enqueueing never blocks
 
 
-def pydantic_stand_in() -> str:
-    """pydantic's version; without pydantic, install a STAND-IN module that only lets settings classes be declared."""
+def pydantic_version() -> str:
+    """pydantic's version (the backend module declares its settings with it); exit 2 with one line when it is absent."""
     try:
         import pydantic
     except ImportError:
-        pass
-    else:
-        return str(pydantic.VERSION)
-
-    class BaseModel:
-        """STAND-IN for pydantic.BaseModel (deploy/trt_standin.py): declaring a subclass works, creating one fails."""
-
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            raise RuntimeError("pydantic is not installed; the TensorRT stand-in creates no settings model")
-
-    def field(default: object = None, **_: object) -> object:
-        return default
-
-    module = types.ModuleType("pydantic", "STAND-IN for pydantic, installed by deploy/trt_standin.py")
-    for name, value in (("BaseModel", BaseModel), ("ConfigDict", dict), ("Field", field)):
-        setattr(module, name, value)
-    sys.modules["pydantic"] = module
-    return "not installed (stand-in used)"
+        print("pydantic is not installed: install the project's small wheels first (../shared/tools/gpu-machine.md)",
+              file=sys.stderr)
+        raise SystemExit(2) from None
+    return str(pydantic.VERSION)
 
 
 def optional_cupy() -> Any:
@@ -483,7 +468,7 @@ def teardown(h: Harness) -> dict[str, Any]:
 def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    pydantic = pydantic_stand_in()
+    pydantic = pydantic_version()
     device = open_device()
     cupy = optional_cupy()
     from pipeline.inference.gpu.cuda import live_allocations

@@ -66,3 +66,18 @@ def test_plot_that_cannot_be_written_keeps_the_json(tmp_path: Path, mode_args: l
     assert done.returncode == 2
     assert "cannot write the plot" in done.stderr and "Traceback" not in done.stderr
     assert json.loads(out.read_text())["rows"][0]["fps_per_camera"] > 0
+
+
+def test_gpu_utilisation_parsing_and_absence() -> None:
+    """nvidia-smi's CSV answer becomes (GPU %, NVDEC %); without nvidia-smi the sampler reports nothing."""
+    import shutil
+
+    from pipeline.tools.gpu_sampler import GpuSampler, parse_utilisation
+
+    assert parse_utilisation("37, 12\n") == (37.0, 12.0)
+    assert parse_utilisation("[N/A], [N/A]\n") is None
+    assert parse_utilisation("") is None
+    if shutil.which("nvidia-smi") is None:
+        sampler = GpuSampler(period_s=0.01)
+        sampler.start()
+        assert sampler.finish() is None

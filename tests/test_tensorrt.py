@@ -34,19 +34,21 @@ sys.path.insert(0, str(ROOT))  # for `python tests/test_tensorrt.py`
 from pipeline.inference.backend import BackendError, ModelRuntime  # noqa: E402
 from pipeline.inference.gpu.cuda import cuda_python_problem  # noqa: E402
 from pipeline.inference.gpu.engine_build import (  # noqa: E402
-    EngineKey,
     TrtMessages,
+    ensure_engine,
+    require_gpu_packages,
+    tensorrt_problem,
+)
+from pipeline.inference.gpu.engine_key import (  # noqa: E402
+    EngineKey,
     build_command,
     check_engine,
     engine_path,
     engine_stem,
-    ensure_engine,
     profile_shapes,
-    require_gpu_packages,
     sanitise,
     sidecar_mismatches,
     sidecar_path,
-    tensorrt_problem,
     timing_cache_path,
 )
 

@@ -27,6 +27,7 @@ from pipeline.core.types import Observation
 from pipeline.inference.perception import Perception
 from pipeline.service.parts import limit_opencv_threads
 from pipeline.service.worker import CameraWorker
+from pipeline.tools.gpu_sampler import GpuSampler
 from pipeline.vision.track import IouTracker
 
 WARMUP_S = 3.0
@@ -130,9 +131,12 @@ def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
     analysed0 = sum(w.stats.analysed.total for w in workers)
     usage0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
     recorder.recording = True
+    sampler = GpuSampler()
+    sampler.start()
     time.sleep(args.duration)
     recorder.recording = False
     wall = time.monotonic() - t0
+    utilisation = sampler.finish()
     usage1 = resource.getrusage(resource.RUSAGE_SELF)
     frames_in = sum(c.frames_in.total for c in captures) - frames_in0
     analysed = sum(w.stats.analysed.total for w in workers) - analysed0
@@ -146,7 +150,7 @@ def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
         perception.close()  # type: ignore[union-attr]
     return _summary(args, naive, wall, frames_in, analysed, recorder, usage0, usage1, rss_mb, peak_mb, gpu_mb,
                     batch_stats) | {"threads": threads, "decode_threads": args.decode_threads, "decode": args.decode,
-                                      "decoder": _decoder_kind(captures),
+                                      "decoder": _decoder_kind(captures), "gpu_utilisation": utilisation,
                                       "capture_nice": args.capture_nice}
 
 
@@ -218,5 +222,10 @@ def print_pipeline_table(result: dict[str, Any]) -> None:
               f"{lat['p50']:>7} {lat['p95']:>7} {lat['p99']:>7} {r['cpu_percent']:>6} {r['peak_rss_mb']:>7} "
               f"{r['gpu_mb'] if r['gpu_mb'] is not None else '-':>7} {b['detector']['mean_batch']:>9} "
               f"{b['classifier']['mean_batch']:>9}")
+    for r in result["results"]:
+        if r.get("gpu_utilisation"):
+            u = r["gpu_utilisation"]
+            print(f"{r['mode']}: GPU busy {u['gpu_busy_pct']} %, NVDEC busy {u['nvdec_busy_pct']} % "
+                  f"({u['samples']} nvidia-smi samples)")
     if "ratio_analysed_batched_over_naive" in result:
         print(f"batched / naive analysed frames per second: {result['ratio_analysed_batched_over_naive']}x")

@@ -50,18 +50,20 @@ from pipeline.inference.gpu.cuda import (
     Stream,
 )
 from pipeline.inference.gpu.engine_build import (
-    ENGINES_DIR,
     BuildResult,
-    EngineKey,
     TrtMessages,
-    build_command,
     dims_tuple,
     engine_key,
     ensure_engine,
-    input_channels,
     make_logger,
     numpy_dtype,
     require_gpu_packages,
+)
+from pipeline.inference.gpu.engine_key import (
+    ENGINES_DIR,
+    EngineKey,
+    build_command,
+    input_channels,
 )
 
 if TYPE_CHECKING:
