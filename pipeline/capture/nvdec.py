@@ -18,6 +18,7 @@ decoding is unavailable (no package, no GPU), so `open_source` can fall back to 
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib
 import logging
 from collections import deque
@@ -38,13 +39,11 @@ log = logging.getLogger(__name__)
 
 PACKAGE = "PyNvVideoCodec"
 GPU_REQUIREMENTS = "pip install -r requirements-gpu.txt"
-_problem_cache: list[str | None] = []
 
 
+@functools.cache
 def nvdec_problem() -> str | None:
     """Why NVDEC decoding cannot be used in this process (None when it can); checked once."""
-    if _problem_cache:
-        return _problem_cache[0]
     problem: str | None = None
     try:
         importlib.import_module(PACKAGE)
@@ -56,7 +55,6 @@ def nvdec_problem() -> str | None:
         problem = f"{exc.name or PACKAGE} is not installed ({GPU_REQUIREMENTS})"
     except OSError as exc:  # the package imports its native library, which needs the NVIDIA driver
         problem = f"{PACKAGE} cannot load: {exc}"
-    _problem_cache.append(problem)
     return problem
 
 

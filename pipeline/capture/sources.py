@@ -22,7 +22,6 @@ from pipeline.capture.source_base import (
     SourceEnded,
     SourceError,
     VideoSource,
-    _Pacer,
     pacer_for,
 )
 from pipeline.core.redact import mask_secrets
@@ -108,7 +107,7 @@ class DemoSource(VideoSource):
 
     def __init__(self) -> None:
         self._photo = _demo_photo()
-        self._pacer = _Pacer(self.FPS)
+        self._pacer = pacer_for(self.FPS)
         self._t0 = time.monotonic()
         self._grabbed_at = self._t0
 

@@ -130,6 +130,7 @@ class SourceReader(threading.Thread):
         self.cfg = cfg
         self.outcome: SourceError | SourceEnded | None = None
         self.description = ""
+        self.source_kind = ""  # the VideoSource.kind opened (e.g. nvdec when decoding on the GPU)
         self.started_mono = time.monotonic()
         self.frames = 0
         self._factory = factory
@@ -146,6 +147,7 @@ class SourceReader(threading.Thread):
         try:
             source = self._factory(self.cfg)
             self.description = source.describe()
+            self.source_kind = source.kind
             self._read_loop(source)
         except (SourceError, SourceEnded) as exc:
             self.outcome = exc

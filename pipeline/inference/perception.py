@@ -98,5 +98,3 @@ class Perception:
         t3 = time.monotonic()
         timings = {"detect": (t1 - t0) * 1e3, "crop": (t2 - t1) * 1e3, "emotion": (t3 - t2) * 1e3}
         return faces, scores, timings
-
-

@@ -156,7 +156,7 @@ def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
 
 def _decoder_kind(captures: list[CaptureThread]) -> str:
     """What decoded the cameras in the end (`decode auto` may have fallen back to the CPU): nvdec, cpu or mixed."""
-    on_gpu = ["NVDEC" in c.reader.description for c in captures if c.reader is not None and c.reader.description]
+    on_gpu = [c.reader.source_kind == "nvdec" for c in captures if c.reader is not None and c.reader.source_kind]
     if not on_gpu:
         return "unknown"
     return "nvdec" if all(on_gpu) else "mixed" if any(on_gpu) else "cpu"
