@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU measurements of BENCHMARKS.md, run on the lent H200 (see ../shared/tools/gpu-machine.md for getting
 # onnxruntime-gpu there). Usage there, from the project root, with the prepared models/ and a copy of the test
-# videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | engine | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin)
+# videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | engine | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
+#  frames-check | frames-probe | frames-pipeline)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
 set -uo pipefail
@@ -50,6 +51,25 @@ case "${1:-check}" in
           --device cuda --precision fp16 --detector-input 640x352 --max-batch 64 --lanes 2 --batch-step 2 \
           --duration "${DURATION:-15}" --mode batched --decode "$decode" --log-level warning \
           --json "$OUT/pipeline_1080p_${cams}_${decode}.json" | tail -3
+      done
+    done
+    ;;
+  frames-check)  # the frame graphs path on CUDA against the OpenCV path, with host frames and NVDEC frames
+    python3 -m pytest -q -m gpu tests/test_frames_path.py tests/test_nvdec.py -p no:cacheprovider 2>&1 \
+      | tee "$OUT/test_frames_gpu.txt" | tail -15
+    ;;
+  frames-probe)  # node placement of the frame graphs, and one batch's cost with frames already on the GPU
+    python3 deploy/frame_graphs_probe.py .benchdata/video/group_1080p.mp4 2> "$OUT/frames_probe.err" \
+      | tee "$OUT/frames_probe.jsonl"
+    tail -5 "$OUT/frames_probe.err"
+    ;;
+  frames-pipeline)  # group_1080p.mp4 at 25 fps, NVDEC, batched: frame_path opencv vs graph in one session
+    for cams in ${CAMS:-16 32 64}; do
+      for path in ${PATHS:-opencv graph}; do
+        python3 run_pipeline.py bench pipeline --video .benchdata/video/group_1080p.mp4 --cameras "$cams" --fps 25 \
+          --device cuda --precision fp16 --detector-input 640x352 --max-batch 64 --lanes 2 --batch-step 4 \
+          --duration "${DURATION:-15}" --mode "${MODE:-batched}" --decode gpu --frame-path "$path" \
+          --log-level warning --json "$OUT/frames_1080p_${cams}_${path}.json" ${EXTRA:-} | tail -4
       done
     done
     ;;

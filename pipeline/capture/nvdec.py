@@ -9,7 +9,10 @@ memory) and reordered to BGR (`retrieve`), so the rest of the pipeline is unchan
 (docs/bench/h200-2026-12-01/nvdec_probe.json). One decoder per source, kept across the loops of a file: re-creating it on
 every loop cut NVDEC throughput to a quarter in the probe.
 
-Not yet done here (issue 11, items 2-3): keeping the frame on the GPU through letterbox and crops.
+With `keep_on_device` (the GPU frame path: inference.frame_path graph on cuda) `retrieve` does not copy to the host
+at all: the decoded RGB frame is copied once, device to device, into a buffer of the source's `DevicePool`, and
+handed over as an `NvdecImage` (core.types.DeviceImage); the letterbox, detector, NMS, crops and classifier then
+read it where it is. The copy is needed because NVDEC's output surface is reused by the next `Decode`.
 
 PyNvVideoCodec and cuda-python are imported only when a GPU source is opened; `nvdec_problem()` says why GPU
 decoding is unavailable (no package, no GPU), so `open_source` can fall back to the CPU with a log line.
@@ -21,6 +24,8 @@ import ctypes
 import functools
 import importlib
 import logging
+import threading
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -34,6 +39,7 @@ from pipeline.capture.source_base import (
     VideoSource,
     pacer_for,
 )
+from pipeline.core.types import ChannelOrder, FrameImage
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +71,8 @@ class NvdecSource(VideoSource):
 
     kind = "nvdec"
 
-    def __init__(self, location: str, label: str, loop: bool = False, paced: bool = False, gpu: int = 0) -> None:
+    def __init__(self, location: str, label: str, loop: bool = False, paced: bool = False, gpu: int = 0,
+                 keep_on_device: bool = False) -> None:
         problem = nvdec_problem()
         if problem is not None:
             raise SourceError(f"{label}: GPU decoding unavailable: {problem}")
@@ -80,6 +87,8 @@ class NvdecSource(VideoSource):
         self._frames = 0
         self._pinned = 0  # page-locked host buffer for one frame (cudaMallocHost), freed by close()
         self._pinned_bytes = 0
+        self._pool: DevicePool | None = None
+        self._keep_on_device = keep_on_device
         self._open_demuxer()
         codec = self._demuxer.GetNvCodecId()
         try:
@@ -127,9 +136,9 @@ class NvdecSource(VideoSource):
         self._open_demuxer()  # a new demuxer from the start; the decoder (and its NVDEC session) is kept
         self._frames = 0
 
-    def retrieve(self) -> np.ndarray:
-        """The frame last grabbed as BGR: its RGB pixels copied from the GPU into pinned memory, reordered on the CPU.
-        Only frames due under the fps cap get here."""
+    def retrieve(self) -> FrameImage:
+        """The frame last grabbed: an NvdecImage that stays on the GPU (keep_on_device), else BGR on the host (its RGB
+        pixels copied into pinned memory and reordered on the CPU). Only frames due under the fps cap get here."""
         frame = self._current
         if frame is None:
             raise SourceError(f"{self._label}: retrieve() before grab()")
@@ -137,10 +146,25 @@ class NvdecSource(VideoSource):
         size = int(frame.framesize())
         if size != width * height * 3:
             raise SourceError(f"{self._label}: decoded frame of {size} bytes is not RGB {width}x{height}")
+        if self._keep_on_device:
+            return self._device_copy(int(frame.GetPtrToPlane(0)))
         rgb = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(self._host_buffer(size)))
         self._cuda("cudaMemcpy (decoded frame to the host)", self._runtime.cudaMemcpy(
             rgb.ctypes.data, int(frame.GetPtrToPlane(0)), size, self._runtime.cudaMemcpyKind.cudaMemcpyDeviceToHost))
         return cv2.cvtColor(rgb.reshape(height, width, 3), cv2.COLOR_RGB2BGR)
+
+    def _device_copy(self, src: int) -> NvdecImage:
+        """Copy NVDEC's output surface into a pool buffer of our own (the surface is reused by the next Decode)."""
+        width, height = self._size
+        if self._pool is None:
+            self._pool = DevicePool(self._label, width * height * 3, self._runtime)
+        buffer = self._pool.acquire()
+        try:
+            self._pool.copy(buffer, src)
+        except SourceError:
+            self._pool.release(buffer)
+            raise
+        return NvdecImage(self._pool, buffer, (height, width, 3))
 
     def _host_buffer(self, size: int) -> int:
         if self._pinned_bytes < size:
@@ -169,5 +193,124 @@ class NvdecSource(VideoSource):
         self._pending.clear()
         self._current = None
         self._free_host_buffer()
+        if self._pool is not None:
+            self._pool.close()  # frees idle buffers now, and each buffer still in use when its image goes
+            self._pool = None
         self._decoder = None  # PyNvVideoCodec frees its session when the last reference goes
         self._demuxer = None
+
+
+class DevicePool:
+    """GPU buffers of one frame size for one source, reused: a frame's buffer comes back when its image is dropped.
+
+    Why a pool: cudaMalloc/cudaFree on every frame would serialise with all GPU work (both synchronise the device).
+    The pool grows to what is in use at once (the slot's newest frame, the frame being analysed, one being filled:
+    about three) and never past `MAX_BUFFERS`: a camera whose frames are all held (analysis stuck) fails its grab
+    with a SourceError, so the capture thread's retry logic handles it like any broken source.
+
+    The copy runs on the pool's own stream, created *blocking*, so it is ordered after the NVDEC conversion that
+    PyNvVideoCodec queues on the legacy default stream; the lanes' streams are non-blocking and do not wait for it."""
+
+    MAX_BUFFERS = 8
+
+    def __init__(self, label: str, nbytes: int, runtime: Any) -> None:
+        self.label, self.nbytes = label, nbytes
+        self._runtime = runtime
+        self._lock = threading.Lock()
+        self._free: list[int] = []
+        self._count = 0
+        self._closed = False
+        self._stream = self._cuda("cudaStreamCreate (frame copies)", runtime.cudaStreamCreate())
+
+    def acquire(self) -> int:
+        with self._lock:
+            if self._closed:
+                raise SourceError(f"{self.label}: the frame pool is closed")
+            if self._free:
+                return self._free.pop()
+            if self._count >= self.MAX_BUFFERS:
+                raise SourceError(f"{self.label}: all {self.MAX_BUFFERS} GPU frame buffers are still held "
+                                  f"(analysis is not keeping up or is stuck)")
+            self._count += 1
+        try:
+            return int(self._cuda(f"cudaMalloc ({self.nbytes} bytes for a frame)", self._runtime.cudaMalloc(self.nbytes)))
+        except SourceError:
+            with self._lock:
+                self._count -= 1
+            raise
+
+    def copy(self, dst: int, src: int) -> None:
+        """Device-to-device copy of one frame, finished before returning (the next Decode may reuse `src`)."""
+        runtime = self._runtime
+        self._cuda("cudaMemcpyAsync (decoded frame, device to device)", runtime.cudaMemcpyAsync(
+            dst, src, self.nbytes, runtime.cudaMemcpyKind.cudaMemcpyDeviceToDevice, self._stream))
+        self._cuda("cudaStreamSynchronize (frame copy)", runtime.cudaStreamSynchronize(self._stream))
+
+    def download(self, buffer: int, host: np.ndarray) -> None:
+        """Synchronous copy of one frame buffer into a host array of the frame's size."""
+        runtime = self._runtime
+        self._cuda("cudaMemcpy (frame to the host)", runtime.cudaMemcpy(
+            host.ctypes.data, buffer, min(host.nbytes, self.nbytes), runtime.cudaMemcpyKind.cudaMemcpyDeviceToHost))
+
+    def release(self, buffer: int) -> None:
+        """Take a buffer back (an image was dropped); after close() it is freed instead."""
+        with self._lock:
+            if not self._closed:
+                self._free.append(buffer)
+                return
+            self._count -= 1
+        self._free_device(buffer)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            idle, self._free = self._free, []
+            self._count -= len(idle)
+        for buffer in idle:
+            self._free_device(buffer)
+        self._cuda("cudaStreamDestroy (frame copies)", self._runtime.cudaStreamDestroy(self._stream))
+
+    def _free_device(self, buffer: int) -> None:
+        try:
+            self._cuda("cudaFree (frame buffer)", self._runtime.cudaFree(buffer))
+        except SourceError as exc:  # on a GPU that has failed; nothing else can be done with the memory
+            log.warning("%s", exc)
+
+    def _cuda(self, call: str, result: Any) -> Any:
+        status, *values = result if isinstance(result, tuple) else (result,)
+        if int(status) != 0:
+            raise SourceError(f"{self.label}: CUDA {call} failed: {getattr(status, 'name', status)}")
+        return values[0] if values else None
+
+
+class NvdecImage:
+    """One decoded RGB frame in a DevicePool buffer (a core.types.DeviceImage); the buffer returns to the pool when
+    the last reference to the image goes (a weakref finaliser: CPython runs it at once, on the dropping thread).
+
+    Safe because whoever reads the pixels on the GPU (a lane copying them into its batch) holds the image until its
+    stream has finished with them."""
+
+    def __init__(self, pool: DevicePool, buffer: int, shape: tuple[int, int, int]) -> None:
+        self._pool, self._buffer, self._shape = pool, buffer, shape
+        weakref.finalize(self, pool.release, buffer)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self._shape
+
+    @property
+    def order(self) -> ChannelOrder:
+        return "rgb"
+
+    @property
+    def ptr(self) -> int:
+        return self._buffer
+
+    def to_host(self) -> np.ndarray:
+        """BGR pixels on the host (for the preview): a synchronous copy down and a reorder."""
+        height, width, _ = self._shape
+        rgb = np.empty((height, width, 3), np.uint8)
+        self._pool.download(self._buffer, rgb)
+        return cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 
-import numpy as np
+from pipeline.core.types import FrameImage
 
 
 class SourceError(RuntimeError):
@@ -33,8 +33,8 @@ class VideoSource(ABC):
         """Wait for the next frame; False if none arrived within `timeout` seconds."""
 
     @abstractmethod
-    def retrieve(self) -> np.ndarray:
-        """The frame last grabbed, as BGR pixels."""
+    def retrieve(self) -> FrameImage:
+        """The frame last grabbed: BGR pixels on the host, or a DeviceImage from a GPU source kept on the device."""
 
     @abstractmethod
     def describe(self) -> str:

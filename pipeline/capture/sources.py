@@ -195,10 +195,12 @@ def _stream_source(cfg: CameraConfig, url: str, stall_s: float) -> VideoSource:
     return OpenCvSource(cap, mask_secrets(url))
 
 
-def open_source(cfg: CameraConfig, gpu_active: bool = False) -> VideoSource:
+def open_source(cfg: CameraConfig, gpu_active: bool = False, device_frames: bool = False) -> VideoSource:
     """Open the camera's source by kind; raises SourceError with a clear, secret-free reason.
 
-    gpu_active: the models run on a GPU (inference.device cuda), which makes `decode: auto` decode on NVDEC."""
+    gpu_active: the models run on a GPU (inference.device cuda), which makes `decode: auto` decode on NVDEC.
+    device_frames: the analysis takes frames in GPU memory (inference.frame_path graph on cuda), so an NVDEC source
+    hands over its decoded frames without copying them to the host."""
     source = cfg.source
     if isinstance(source, int) or (isinstance(source, str) and source.isdigit()):
         return _usb_source(cfg, int(source))
@@ -209,16 +211,17 @@ def open_source(cfg: CameraConfig, gpu_active: bool = False) -> VideoSource:
             raise SourceError(f"{source} does not exist (camera unplugged?)")
         return _usb_source(cfg, source)
     if source.startswith(STREAM_SCHEMES):
-        return _gpu_source(cfg, source, mask_secrets(source), gpu_active) or \
+        return _gpu_source(cfg, source, mask_secrets(source), gpu_active, device_frames) or \
             _stream_source(cfg, source, cfg.reconnect.stall_s)
     path = Path(source).expanduser()
     if not path.is_file():
         raise SourceError(f"video file {path} not found")
-    return _gpu_source(cfg, str(path), f"file {path.name}", gpu_active) or \
+    return _gpu_source(cfg, str(path), f"file {path.name}", gpu_active, device_frames) or \
         FileSource(path, cfg.loop, cfg.decode_threads)
 
 
-def _gpu_source(cfg: CameraConfig, location: str, label: str, gpu_active: bool) -> VideoSource | None:
+def _gpu_source(cfg: CameraConfig, location: str, label: str, gpu_active: bool,
+                device_frames: bool = False) -> VideoSource | None:
     """An NVDEC source when the camera's `decode` asks for one and it can be had; None means: decode on the CPU.
 
     `decode: gpu` that cannot be had is a SourceError (retried, and said in the camera's events); `decode: auto`
@@ -230,7 +233,8 @@ def _gpu_source(cfg: CameraConfig, location: str, label: str, gpu_active: bool) 
     problem = nvdec_problem()
     if problem is None:
         try:
-            return NvdecSource(location, label, loop=cfg.loop, paced=not location.startswith(STREAM_SCHEMES))
+            return NvdecSource(location, label, loop=cfg.loop, paced=not location.startswith(STREAM_SCHEMES),
+                               keep_on_device=device_frames)
         except SourceError as exc:
             if cfg.decode == "gpu":
                 raise

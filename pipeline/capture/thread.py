@@ -15,8 +15,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from pipeline.capture.sources import (
     OPEN_TIMEOUT_MS,
     SourceEnded,
@@ -26,7 +24,7 @@ from pipeline.capture.sources import (
 )
 from pipeline.capture.stats import RateMeter, RecentEvents
 from pipeline.core.redact import mask_secrets
-from pipeline.core.types import CameraEvent, CameraState, Frame
+from pipeline.core.types import CameraEvent, CameraState, Frame, FrameImage
 
 if TYPE_CHECKING:
     from pipeline.capture.settings import CameraConfig
@@ -125,7 +123,7 @@ class SourceReader(threading.Thread):
     """
 
     def __init__(self, cfg: CameraConfig, factory: Callable[[CameraConfig], VideoSource],
-                 publish: Callable[[np.ndarray], None], arrived: Callable[[], None]) -> None:
+                 publish: Callable[[FrameImage], None], arrived: Callable[[], None]) -> None:
         super().__init__(name=f"reader-{cfg.name}", daemon=True)
         self.cfg = cfg
         self.outcome: SourceError | SourceEnded | None = None
@@ -258,7 +256,7 @@ class CaptureThread(threading.Thread):
         self.frames_in.mark(now)
         return now
 
-    def _publish(self, image: np.ndarray) -> None:
+    def _publish(self, image: FrameImage) -> None:
         self._index += 1
         now = self._arrived()
         self.slot.put(Frame(self.cfg.name, self._index, image, now, time.time()))

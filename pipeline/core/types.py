@@ -6,7 +6,7 @@ They carry numpy arrays but never a reference back to a stage, so any of them ca
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -16,15 +16,55 @@ EMOTIONS: tuple[str, ...] = ("angry", "disgust", "fear", "happy", "sad", "surpri
 CameraState = Literal["starting", "streaming", "stalled", "reconnecting", "stopped", "ended"]
 
 
+ChannelOrder = Literal["rgb", "bgr"]
+
+
+@runtime_checkable
+class DeviceImage(Protocol):
+    """A decoded frame that stays in GPU memory (NVDEC's output): H x W x 3 uint8, interleaved, in `order`.
+
+    Its memory is the image's own and stays valid while the object is referenced; dropping the last reference gives
+    it back to the camera's pool. Only the GPU frame path reads `ptr`; anything that needs pixels on the host (the
+    preview) calls `to_host()`, which copies."""
+
+    @property
+    def shape(self) -> tuple[int, int, int]: ...
+
+    @property
+    def order(self) -> ChannelOrder: ...
+
+    @property
+    def ptr(self) -> int: ...
+
+    def to_host(self) -> np.ndarray:
+        """The pixels as a host BGR array (a copy from the GPU)."""
+        ...
+
+
+FrameImage = np.ndarray | DeviceImage
+"""What a camera delivers: host BGR pixels (H x W x 3 uint8) or a DeviceImage."""
+
+
 @dataclass(frozen=True)
 class Frame:
     """One decoded image from a camera, stamped when it was read."""
 
     camera: str
     index: int
-    image: np.ndarray  # H x W x 3, uint8, BGR (OpenCV order)
+    image: FrameImage  # host: H x W x 3, uint8, BGR (OpenCV order); or a DeviceImage on the GPU frame path
     t_mono: float  # time.monotonic() at capture, for latency
     t_wall: float  # time.time() at capture, for events
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height) in pixels."""
+        height, width = self.image.shape[:2]
+        return int(width), int(height)
+
+    def host_image(self) -> np.ndarray:
+        """BGR pixels on the host; a frame on the GPU is copied down (only the preview needs this)."""
+        image = self.image
+        return image if isinstance(image, np.ndarray) else image.to_host()
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,10 @@ guesses, e.g. the detector's input size, which a TensorRT engine fixes at build 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from pydantic import BaseModel
@@ -115,6 +116,16 @@ class Backend(ABC):
     @abstractmethod
     def run(self, batch: dict[str, np.ndarray], lane: int = 0) -> dict[str, np.ndarray]:
         """Run one batch (leading dimension = batch size) and return every output by name."""
+
+    def run_items(self, items: Sequence[Any], lane: int = 0) -> list[dict[str, np.ndarray]]:
+        """Run a batch given as its items (arrays without the batch dimension); one output dict per item.
+
+        The batcher calls this: items are stacked into `staging` (pinned memory on GPU backends) when there is one."""
+        first = items[0]
+        buffer = self.staging(lane, len(items), first.shape, first.dtype)
+        stacked = np.stack(items, out=buffer)
+        outputs = self.run({self.inputs[0].name: stacked}, lane)
+        return [{name: value[index] for name, value in outputs.items()} for index in range(len(items))]
 
     def staging(self, lane: int, batch: int, item_shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
         """A host buffer the batcher may stack `batch` items into (pinned memory on GPU backends), or None.

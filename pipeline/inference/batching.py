@@ -1,5 +1,8 @@
 """BatchedModel: one model shared by every camera, with Triton-style dynamic batching on K lanes.
 
+What runs a batch is a `BatchRunner`: a Backend (one model; items are arrays) or the frame graphs' engine
+(inference.frames: items are whole frames, on the host or on the GPU, and each result is a frame's faces).
+
 Callers submit one item (no batch dimension) and get a Future. A collector thread forms a batch when `max_batch` items
 wait or `max_delay_ms` has passed since the oldest one arrived; `lanes` runner threads each execute one batch at a time
 on their own backend lane, so up to K batches are in flight. A full queue fails fast: the caller skips that frame
@@ -13,13 +16,12 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
-
-from pipeline.inference.backend import Backend
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +34,26 @@ class ModelClosedError(RuntimeError):
     """The model was closed before this request ran."""
 
 
+class BatchRunner(Protocol):
+    """What BatchedModel drives: `lanes` threads call run_items at once, each with its own lane index."""
+
+    name: str
+    max_batch: int
+    lanes: int
+
+    def run_items(self, items: Sequence[Any], lane: int = 0) -> list[Any]: ...
+
+    def warm_up(self, item_shape: tuple[int, ...], dtype: np.dtype, lane: int = 0) -> None: ...
+
+    def describe(self) -> dict[str, str]: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass
 class _Request:
-    item: np.ndarray
-    future: Future[dict[str, np.ndarray]]
+    item: Any
+    future: Future[Any]
     t_submit: float
 
 
@@ -57,7 +75,7 @@ class BatchStats:
 class BatchedModel:
     """Dynamic batcher over one Backend. Thread-safe `submit`; `close` finishes in-flight batches."""
 
-    def __init__(self, backend: Backend, name: str, max_batch: int, max_delay_ms: float, queue_size: int = 256,
+    def __init__(self, backend: BatchRunner, name: str, max_batch: int, max_delay_ms: float, queue_size: int = 256,
                  lanes: int | None = None) -> None:
         self.backend = backend
         self.name = name
@@ -65,7 +83,6 @@ class BatchedModel:
         self.max_delay_s = max_delay_ms / 1000.0
         self.lanes = lanes or backend.lanes
         self.stats = BatchStats()
-        self._input_name = backend.inputs[0].name
         self._requests: queue.Queue[_Request] = queue.Queue(maxsize=queue_size)
         self._batches: queue.Queue[list[_Request] | Callable[[int], None] | None] = queue.Queue(maxsize=self.lanes)
         self._closing = threading.Event()
@@ -78,7 +95,7 @@ class BatchedModel:
         for runner in self._runners:
             runner.start()
 
-    def submit(self, item: np.ndarray) -> Future[dict[str, np.ndarray]]:
+    def submit(self, item: Any) -> Future[Any]:
         """Queue one item; raises QueueFullError at once when the queue is full, ModelClosedError after close()."""
         request = _Request(item, Future(), time.monotonic())
         with self._submit_lock:  # close() cannot slip between the check and the put
@@ -101,15 +118,19 @@ class BatchedModel:
 
         GPU runtimes keep per-thread state (ONNX Runtime's CUDA provider builds kernels and handles per thread and
         input shape, which costs seconds): warming from another thread would leave that cost to the first frames."""
+        self.on_lanes(lambda lane: self.backend.warm_up(item_shape, dtype, lane), timeout)
+
+    def on_lanes(self, task: Callable[[int], None], timeout: float = 300.0) -> None:
+        """Run `task(lane)` once on each lane's own runner thread, between batches; wait for all; re-raise a failure."""
         barrier = threading.Barrier(self.lanes + 1)
         errors: list[BaseException] = []
 
         def warm(lane: int) -> None:
             try:
-                self.backend.warm_up(item_shape, dtype, lane)
+                task(lane)
             except BaseException as exc:  # noqa: BLE001 - re-raised below, on the caller's thread
                 errors.append(exc)
-            barrier.wait(timeout)  # hold this runner until every lane has taken its own warm-up task
+            barrier.wait(timeout)  # hold this runner until every lane has taken its own task
 
         for _ in range(self.lanes):
             self._batches.put(warm)  # type: ignore[arg-type]
@@ -121,7 +142,7 @@ class BatchedModel:
         """True while the collector and every lane's runner thread are running (for health checks)."""
         return self._collector.is_alive() and all(runner.is_alive() for runner in self._runners)
 
-    def infer(self, item: np.ndarray, timeout: float = 10.0) -> dict[str, np.ndarray]:
+    def infer(self, item: Any, timeout: float = 10.0) -> Any:
         """submit() and wait: the plain sequential call a camera worker makes."""
         return self.submit(item).result(timeout=timeout)
 
@@ -161,10 +182,7 @@ class BatchedModel:
             return
         started = time.monotonic()
         try:
-            first = batch[0].item
-            buffer = self.backend.staging(lane, len(batch), first.shape, first.dtype)
-            stacked = np.stack([r.item for r in batch], out=buffer)
-            outputs = self.backend.run({self._input_name: stacked}, lane)
+            results = self.backend.run_items([r.item for r in batch], lane)
         except Exception as exc:  # noqa: BLE001 - any backend failure belongs to the callers' futures
             log.error("%s: batch of %d failed: %s", self.name, len(batch), exc)
             with self._lock:
@@ -173,8 +191,8 @@ class BatchedModel:
                 request.future.set_exception(exc)
             return
         finished = time.monotonic()
-        for index, request in enumerate(batch):
-            request.future.set_result({name: value[index] for name, value in outputs.items()})
+        for request, result in zip(batch, results):
+            request.future.set_result(result)
         self._record(batch, started, finished)
 
     def _record(self, batch: list[_Request], started: float, finished: float) -> None:

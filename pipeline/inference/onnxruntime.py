@@ -73,7 +73,7 @@ class OnnxRuntimeBackend(Backend):
 
     @classmethod
     def create(cls, spec: ModelRuntime, model: ModelManifest, model_path: Path) -> OnnxRuntimeBackend:
-        ort = _import_ort()
+        ort = import_ort()
         if spec.device in _NEEDS:
             provider, package = _NEEDS[spec.device]
             if provider not in ort.get_available_providers():
@@ -149,7 +149,7 @@ class OnnxRuntimeBackend(Backend):
         self._sessions = []
 
 
-def _import_ort() -> Any:
+def import_ort() -> Any:
     try:
         import onnxruntime as ort
     except ImportError as exc:
@@ -183,6 +183,15 @@ def share_cuda_arena(ort: Any, device_id: int = 0) -> bool:
 def _session(ort: Any, threads: int, model: ModelManifest, model_path: Path,
              providers: list[Any], shared_arena: bool = False) -> Any:
     """One InferenceSession; `threads` intra-op threads (0 = the library default)."""
+    return make_session(ort, model_path, f"{model.name}: ONNX Runtime cannot load {model_path}", threads, providers,
+                        shared_arena)
+
+
+def make_session(ort: Any, source: Path | bytes, failure: str, threads: int, providers: list[Any],
+                 shared_arena: bool = False) -> Any:
+    """One InferenceSession of a model file or serialised graph, with the options every session here shares.
+
+    `failure` begins the BackendError raised when ONNX Runtime refuses the model."""
     options = ort.SessionOptions()
     if shared_arena:
         options.add_session_config_entry("session.use_env_allocators", "1")
@@ -194,9 +203,9 @@ def _session(ort: Any, threads: int, model: ModelManifest, model_path: Path,
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 3
     try:
-        return ort.InferenceSession(str(model_path), options, providers=providers)
+        return ort.InferenceSession(source if isinstance(source, bytes) else str(source), options, providers=providers)
     except Exception as exc:  # noqa: BLE001 - ORT raises several unrelated types for an unloadable model
-        raise BackendError(f"{model.name}: ONNX Runtime cannot load {model_path}: {exc}") from exc
+        raise BackendError(f"{failure}: {exc}") from exc
 
 
 def _spec(arg: object) -> TensorSpec:

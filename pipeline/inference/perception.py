@@ -1,6 +1,8 @@
 """The shared perception models: one detector and one emotion classifier, each behind a BatchedModel.
 
 Both the daemon (all cameras) and `analyze` build them here, so there is exactly one way to load a model.
+`load_perception` picks the frame path (inference.frame_path): `Perception` (OpenCV letterbox and crops on the host
+around the two models) or `FramePerception` (inference.frames: whole frames through the frame graphs).
 """
 
 from __future__ import annotations
@@ -8,15 +10,17 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
-from pipeline.core.types import Detection, EmotionScores
+from pipeline.core.types import Detection, EmotionScores, FrameImage
 from pipeline.inference.backend import ModelRuntime, create_backend
 from pipeline.inference.batching import BatchedModel
 from pipeline.inference.classifier import EmotionClassifier
 from pipeline.inference.detector import FaceDetector
+from pipeline.inference.frames import FramePerception, load_frame_perception
 from pipeline.inference.settings import DetectorConfig, EmotionConfig, InferenceConfig
 from pipeline.modelprep.manifest import ModelManifest, load_manifest
 from pipeline.modelprep.prepare import ensure_model
@@ -39,6 +43,41 @@ class PerceptionSettings(Protocol):
     def inference(self) -> InferenceConfig: ...
 
 
+class Analyzer(Protocol):
+    """What a camera worker needs: one frame in, its faces and emotions out (both frame paths provide it)."""
+
+    def analyze(self, image: FrameImage) -> tuple[list[Detection], list[EmotionScores], dict[str, float]]: ...
+
+    def models(self) -> list[tuple[str, BatchedModel]]: ...
+
+    def warm_up(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def load_perception(cfg: PerceptionSettings, auto_prepare: bool = True) -> Perception | FramePerception:
+    """The configured frame path's perception (not yet warmed)."""
+    if not cfg.inference.graph_frames:
+        return Perception.from_config(cfg, auto_prepare)
+    det_manifest = load_manifest(cfg.detector.model)
+    emo_manifest = load_manifest(cfg.emotion.model)
+    det_path, precision = _prepared(det_manifest, cfg.inference, auto_prepare)
+    emo_path, _ = _prepared(emo_manifest, cfg.inference, auto_prepare)
+    perception = load_frame_perception(det_path, emo_path, cfg.detector, cfg.emotion, emo_manifest, cfg.inference,
+                                       precision)
+    log.info("frames: %s", ", ".join(f"{k}={v}" for k, v in perception.engine.describe().items()))
+    return perception
+
+
+def _prepared(manifest: ModelManifest, cfg: InferenceConfig, auto_prepare: bool) -> tuple[Path, str]:
+    """The model file in the precision it will run in (a refused precision falls back, with a warning)."""
+    precision = manifest.effective_precision(cfg.precision)
+    if precision != cfg.precision:
+        log.warning("%s: %s refused (%s); running it in %s", manifest.name, cfg.precision,
+                    manifest.refused_precisions[cfg.precision], precision)
+    return ensure_model(manifest, precision, auto_prepare=auto_prepare), precision
+
+
 def load_batched_model(manifest: ModelManifest, cfg: InferenceConfig, auto_prepare: bool = True,
                        input_size: tuple[int, int] | None = None) -> BatchedModel:
     """Prepare (if needed), verify and load one model, wrapped in its dynamic batcher.
@@ -46,11 +85,7 @@ def load_batched_model(manifest: ModelManifest, cfg: InferenceConfig, auto_prepa
     input_size: (width, height) when the configuration sets the model's input size (the detector's
     detector.input_size). The backend is told it because a TensorRT engine is built for one size; a model whose
     manifest fixes its size ignores it."""
-    precision = manifest.effective_precision(cfg.precision)
-    if precision != cfg.precision:
-        log.warning("%s: %s refused (%s); running it in %s", manifest.name, cfg.precision,
-                    manifest.refused_precisions[cfg.precision], precision)
-    path = ensure_model(manifest, precision, auto_prepare=auto_prepare)
+    path, precision = _prepared(manifest, cfg, auto_prepare)
     size = None if manifest.input.size is not None else input_size
     backend = create_backend(ModelRuntime.from_config(cfg, precision=precision, input_size=size), manifest, path)
     log.info("%s: %s", manifest.name, ", ".join(f"{k}={v}" for k, v in backend.describe().items()))
@@ -73,6 +108,10 @@ class Perception:
         return cls(FaceDetector(detector_model, cfg.detector),
                    EmotionClassifier(emotion_model, emo_manifest, cfg.emotion.crop, cfg.emotion.box_margin))
 
+    def models(self) -> list[tuple[str, BatchedModel]]:
+        """Each shared model by role, for status and metrics."""
+        return [("detector", self.detector.model), ("emotion", self.classifier.model)]
+
     def warm_up(self) -> None:
         """One run of each model, so the first camera frame does not pay for lazy initialisation."""
         width, height = self.detector.input_size
@@ -87,8 +126,10 @@ class Perception:
         self.detector.model.close()
         self.classifier.model.close()
 
-    def analyze(self, image: np.ndarray) -> tuple[list[Detection], list[EmotionScores], dict[str, float]]:
+    def analyze(self, image: FrameImage) -> tuple[list[Detection], list[EmotionScores], dict[str, float]]:
         """Faces and their emotions in one BGR image, with per-stage times in ms (queue time included)."""
+        if not isinstance(image, np.ndarray):  # a camera still on the GPU path after a reload: copied down
+            image = image.to_host()
         t0 = time.monotonic()
         faces = self.detector.detect(image, RESULT_TIMEOUT_S)
         t1 = time.monotonic()

@@ -74,6 +74,12 @@ class InferenceConfig(StrictModel):
                                                         "its own session per lane (ONNX Runtime re-plans for "
                                                         "1-3 s on every new shape). Smaller wastes less compute "
                                                         "on padding and takes more GPU memory.")
+    frame_path: Literal["auto", "opencv", "graph"] = Field(
+        "auto", description="Where a frame's letterbox, the detector's candidate decoding and NMS, and the face "
+        "crops run. opencv: on the host, in OpenCV and numpy, around the two models. graph: inside ONNX graphs "
+        "built around the models (pipeline/modelprep/frame_graphs.py), on the models' device; on cuda, frames "
+        "decoded by NVDEC then never leave the GPU, and only faces and probabilities come back. auto: graph with "
+        "backend onnxruntime on device cuda, else opencv.")
     threads: int = Field(0, ge=0, le=256, description="CPU threads per session; 0 = the library default.")
     queue_size: int = Field(256, ge=1, le=100_000, description="Requests that may wait for inference, per model. "
                                                                "When the queue is full a new request is refused "
@@ -83,6 +89,21 @@ class InferenceConfig(StrictModel):
     tensorrt: TensorRTSettings = Field(default_factory=TensorRTSettings, description="backend tensorrt only: how "
                                        "its engines are obtained (built at start when missing, or refused with the "
                                        "build-engine command).")
+
+    @property
+    def graph_frames(self) -> bool:
+        """Whether frames go through the frame graphs (frame_path, with auto resolved)."""
+        if self.frame_path == "auto":
+            return self.backend == "onnxruntime" and self.device == "cuda"
+        return self.frame_path == "graph"
+
+    @model_validator(mode="after")
+    def _frame_graphs_need_onnxruntime(self) -> InferenceConfig:
+        if self.frame_path == "graph" and (self.backend != "onnxruntime" or self.device == "tensorrt"):
+            raise ConfigValueError("frame_path graph runs through ONNX Runtime on cpu or cuda: set backend "
+                                   "onnxruntime and device cpu or cuda, or frame_path opencv",
+                                   key="frame_path", value=self.frame_path)
+        return self
 
     @model_validator(mode="after")
     def _backend_needs_gpu(self) -> InferenceConfig:

@@ -28,7 +28,7 @@ from pipeline.config.app import AppConfig, CameraConfig, ConfigError, load_confi
 from pipeline.core.redact import mask_secrets
 from pipeline.core.types import CameraEvent, Frame, Observation
 from pipeline.inference.backend import BackendError
-from pipeline.inference.perception import Perception
+from pipeline.inference.perception import Analyzer
 from pipeline.modelprep.manifest import ManifestError, ModelError
 from pipeline.outputs.base import EventBus, Sink
 from pipeline.outputs.events import (
@@ -92,7 +92,7 @@ class Daemon:
         self.config_loaded_at = time.time()
         self.stop_event = threading.Event()
         self.counters = DropCounter()
-        self.perception: Perception | None = None
+        self.perception: Analyzer | None = None
         self.sinks: list[Sink] = []
         self.bus = EventBus([])
         self.cameras: dict[str, Camera] = {}  # replaced, never mutated: other threads iterate it
@@ -154,7 +154,9 @@ class Daemon:
     def _open_source(self, cam_cfg: CameraConfig) -> VideoSource:
         """Open a camera's source; `decode: auto` decodes on the GPU while the models run on one (read at each
         open, so a reload that moves the models takes effect at each camera's next reconnect or restart)."""
-        return open_source(cam_cfg, gpu_active=self.cfg.inference.device != "cpu")
+        inference = self.cfg.inference
+        return open_source(cam_cfg, gpu_active=inference.device != "cpu",
+                           device_frames=inference.graph_frames and inference.device == "cuda")
 
     def start_camera(self, cam_cfg: CameraConfig) -> None:
         capture_stop, worker_stop = threading.Event(), threading.Event()
@@ -230,7 +232,7 @@ class Daemon:
         perception = self.perception
         if perception is None:
             return ()
-        return model_view("detector", perception.detector.model), model_view("emotion", perception.classifier.model)
+        return tuple(model_view(role, model) for role, model in perception.models())
 
     def _output_views(self) -> tuple[OutputView, ...]:
         return tuple(OutputView(label, sink.type_name, sink.sent, sink.dropped, sink.failed, sink.is_alive())
@@ -369,7 +371,7 @@ class Daemon:
             raise
         self._swap(new, plan, perception, sinks)
 
-    def _swap(self, new: AppConfig, plan: ReloadPlan, perception: Perception | None, sinks: list[Sink] | None) -> None:
+    def _swap(self, new: AppConfig, plan: ReloadPlan, perception: Analyzer | None, sinks: list[Sink] | None) -> None:
         """The part of a reload that cannot fail: settings, outputs, behaviour, then cameras and workers."""
         if plan.server == "live" and self.server is not None:
             self.server.update(new.server)
@@ -415,7 +417,7 @@ class Daemon:
             raise
         self.server = server
 
-    def _restart_workers(self, perception: Perception | None, fresh_trackers: bool) -> None:
+    def _restart_workers(self, perception: Analyzer | None, fresh_trackers: bool) -> None:
         """New workers for every running camera (new models and/or trackers); captures keep running."""
         cams = list(self.cameras.values())
         for cam in cams:

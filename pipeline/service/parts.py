@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 import cv2
 
 from pipeline.capture.sources import configure_ffmpeg
-from pipeline.inference.perception import Perception
+from pipeline.inference.perception import Analyzer
+from pipeline.inference.perception import load_perception as build_perception
 from pipeline.outputs.registry import create_sink
 from pipeline.outputs.websocket import WebsocketSink
 from pipeline.service.lifecycle import close_sinks
@@ -30,9 +31,10 @@ log = logging.getLogger(__name__)
 CONFIG_EVENT_OUTPUTS = frozenset({"stdout", "websocket"})  # the JSON outputs also carry `config` events
 
 
-def load_perception(cfg: AppConfig) -> Perception:
-    """The shared models, loaded and warmed (a first frame then costs no lazy initialisation); closed on failure."""
-    perception = Perception.from_config(cfg)
+def load_perception(cfg: AppConfig) -> Analyzer:
+    """The shared models for the configured frame path, loaded and warmed (a first frame then costs no lazy
+    initialisation; the frame graphs path prepares each camera size when first met); closed on failure."""
+    perception = build_perception(cfg)
     try:
         perception.warm_up()
     except BaseException:

@@ -73,7 +73,7 @@ class PreviewStore:
             key = (frame.index, int(obs is not None))
             if cached is not None and cached.key == key:
                 return cached
-            image = annotate(frame.image, obs)
+            image = annotate(frame.host_image(), obs)
             ok, encoded = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
             if not ok:
                 return cached

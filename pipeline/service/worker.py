@@ -15,7 +15,7 @@ from pipeline.capture.stats import RateMeter
 from pipeline.capture.thread import CaptureThread
 from pipeline.core.types import Detection, EmotionScores, FaceResult, Frame, Observation
 from pipeline.inference.batching import ModelClosedError, QueueFullError
-from pipeline.inference.perception import Perception
+from pipeline.inference.perception import Analyzer
 from pipeline.vision.track import IouTracker
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ class WorkerStats:
 class CameraWorker(threading.Thread):
     """Takes the newest frame of one camera (capture already applies the fps cap) and publishes an Observation."""
 
-    def __init__(self, capture: CaptureThread, perception: Perception, tracker: IouTracker,
+    def __init__(self, capture: CaptureThread, perception: Analyzer, tracker: IouTracker,
                  publish: Callable[[Observation], None], stop: threading.Event) -> None:
         super().__init__(name=f"worker-{capture.cfg.name}", daemon=True)
         self.capture = capture
@@ -78,7 +78,7 @@ class CameraWorker(threading.Thread):
             FaceResult(face, score, track_id, self.tracker.smooth(track_id, score, frame.t_mono))
             for face, score, track_id in zip(faces, scores, ids)
         )
-        height, width = frame.image.shape[:2]
+        width, height = frame.size
         self.stats.analysed.mark()
         self.stats.faces = len(results)
         self.stats.last_latency_ms = (time.monotonic() - frame.t_mono) * 1e3

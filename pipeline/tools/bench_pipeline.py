@@ -18,13 +18,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 
+from pipeline.capture.nvdec import nvdec_problem
 from pipeline.capture.sources import open_source
 from pipeline.capture.thread import CaptureThread
 from pipeline.config.app import AppConfig, CameraConfig, load_config
 from pipeline.core.types import Observation
-from pipeline.inference.perception import Perception
+from pipeline.inference.frames import FramePerception
+from pipeline.inference.perception import Analyzer, load_perception
+from pipeline.modelprep.frame_graphs import FrameFormat
 from pipeline.service.parts import limit_opencv_threads
 from pipeline.service.worker import CameraWorker
 from pipeline.tools.gpu_sampler import GpuSampler
@@ -46,6 +50,9 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-delay-ms", type=float, default=4.0)
     parser.add_argument("--lanes", type=int, default=1)
     parser.add_argument("--batch-step", type=int, default=4, help="CUDA: pad batches to powers of this")
+    parser.add_argument("--frame-path", choices=["auto", "opencv", "graph"], default="auto",
+                        help="inference.frame_path: letterbox, NMS and crops in OpenCV on the host, or in the frame "
+                             "graphs (auto: graph on cuda)")
     parser.add_argument("--config", type=Path, default=Path(__file__).resolve().parents[2] / "config/default.yaml")
     parser.add_argument("--decode-threads", type=int, default=1,
                         help="video decoder threads per camera (camera key decode_threads; 0 = FFmpeg's default)")
@@ -67,7 +74,7 @@ def _config(args: argparse.Namespace, naive: bool) -> AppConfig:
     inference = base.inference.model_copy(update={
         "device": args.device, "precision": args.precision,
         "max_batch": 1 if naive else args.max_batch, "max_delay_ms": 0.0 if naive else args.max_delay_ms,
-        "lanes": 1 if naive else args.lanes, "batch_step": args.batch_step})
+        "lanes": 1 if naive else args.lanes, "batch_step": args.batch_step, "frame_path": args.frame_path})
     detector = type(base.detector).model_validate(base.detector.model_dump() | {"input_size": (width, height)})
     return base.model_copy(update={"cameras": cameras, "inference": inference, "detector": detector})
 
@@ -113,14 +120,19 @@ def _rss_mb() -> tuple[float, float]:
 
 def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
     cfg = _config(args, naive)
-    shared = None if naive else Perception.from_config(cfg)
-    perceptions = [Perception.from_config(cfg) for _ in cfg.cameras] if naive else [shared] * len(cfg.cameras)
-    for perception in {id(p): p for p in perceptions}.values():
+    shared = None if naive else load_perception(cfg)
+    perceptions = [load_perception(cfg) for _ in cfg.cameras] if naive else [shared] * len(cfg.cameras)
+    unique = list({id(p): p for p in perceptions}.values())
+    gpu_active = cfg.inference.device != "cpu"
+    device_frames = cfg.inference.graph_frames and cfg.inference.device == "cuda"
+    for perception in unique:
         perception.warm_up()  # type: ignore[union-attr]
+        if isinstance(perception, FramePerception):
+            perception.prepare(_video_format(args.video, device_frames and cfg.cameras[0].decode != "cpu"))
     stop, recorder = threading.Event(), _Recorder()
     limit_opencv_threads(cfg)  # as the daemon does
-    gpu_active = cfg.inference.device != "cpu"
-    captures = [CaptureThread(cam, stop, lambda _e: None, lambda c: open_source(c, gpu_active=gpu_active))
+    captures = [CaptureThread(cam, stop, lambda _e: None,
+                              lambda c: open_source(c, gpu_active=gpu_active, device_frames=device_frames))
                 for cam in cfg.cameras]
     workers = [CameraWorker(capture, perception, IouTracker(), recorder, stop)  # type: ignore[arg-type]
                for capture, perception, cam in zip(captures, perceptions, cfg.cameras)]
@@ -142,14 +154,15 @@ def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
     analysed = sum(w.stats.analysed.total for w in workers) - analysed0
     gpu_mb, (rss_mb, peak_mb) = _gpu_memory_mb(), _rss_mb()
     threads = len(os.listdir("/proc/self/task"))  # every thread of the process, the libraries' own included
-    batch_stats = _batch_stats([p for p in {id(p): p for p in perceptions}.values()])  # type: ignore[misc]
+    batch_stats = _batch_stats(unique)  # type: ignore[arg-type]
     stop.set()
     for thread in [*captures, *workers]:
         thread.join(5)
-    for perception in {id(p): p for p in perceptions}.values():
+    for perception in unique:
         perception.close()  # type: ignore[union-attr]
     return _summary(args, naive, wall, frames_in, analysed, recorder, usage0, usage1, rss_mb, peak_mb, gpu_mb,
                     batch_stats) | {"threads": threads, "decode_threads": args.decode_threads, "decode": args.decode,
+                                      "frame_path": "graph" if cfg.inference.graph_frames else "opencv",
                                       "decoder": _decoder_kind(captures), "gpu_utilisation": utilisation,
                                       "capture_nice": args.capture_nice}
 
@@ -162,10 +175,20 @@ def _decoder_kind(captures: list[CaptureThread]) -> str:
     return "nvdec" if all(on_gpu) else "mixed" if any(on_gpu) else "cpu"
 
 
-def _batch_stats(perceptions: list[Perception]) -> dict[str, Any]:
+def _video_format(video: Path, nvdec: bool) -> FrameFormat:
+    """The frame format the cameras will deliver: the clip's size, RGB from NVDEC or BGR from OpenCV (a camera that
+    falls back to the CPU brings a format not prepared here: the first batch prepares it, late)."""
+    cap = cv2.VideoCapture(str(video))
+    size = int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
+    cap.release()
+    return FrameFormat(size[0], size[1], "rgb" if nvdec and nvdec_problem() is None else "bgr")
+
+
+def _batch_stats(perceptions: list[Analyzer]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for role in ("detector", "classifier"):
-        stats = [getattr(p, role).model.stats for p in perceptions]
+    roles = [role for role, _ in perceptions[0].models()]
+    for role in roles:
+        stats = [dict(p.models())[role].stats for p in perceptions]
         sizes = [s for st in stats for s in st.batch_sizes]
         items = sum(st.items for st in stats)
         out[role] = {"mean_batch": round(float(np.mean(sizes)), 2) if sizes else 0.0,
@@ -214,14 +237,14 @@ def print_pipeline_table(result: dict[str, Any]) -> None:
     decoders = ",".join(sorted({r.get("decoder", "cpu") for r in result["results"]}))
     print(f"{result['video']} on {result['device']} {result['precision']}, detector {result['detector_input']}, "
           f"decoded by {decoders}")
-    print(f"{'mode':8} {'cams':>4} {'fps/cam':>8} {'skip%':>6} {'p50':>7} {'p95':>7} {'p99':>7} {'CPU%':>6} "
-          f"{'RSS MB':>7} {'GPU MB':>7} {'det batch':>9} {'emo batch':>9}")
+    print(f"{'mode':8} {'path':6} {'cams':>4} {'fps/cam':>8} {'skip%':>6} {'p50':>7} {'p95':>7} {'p99':>7} "
+          f"{'CPU%':>6} {'RSS MB':>7} {'GPU MB':>7}  mean batch")
     for r in result["results"]:
-        lat, b = r["latency_ms"], r["batching"]
-        print(f"{r['mode']:8} {r['cameras']:>4} {r['fps_analysed_per_camera']:>8} {r['skipped_pct_of_wanted']:>6} "
-              f"{lat['p50']:>7} {lat['p95']:>7} {lat['p99']:>7} {r['cpu_percent']:>6} {r['peak_rss_mb']:>7} "
-              f"{r['gpu_mb'] if r['gpu_mb'] is not None else '-':>7} {b['detector']['mean_batch']:>9} "
-              f"{b['classifier']['mean_batch']:>9}")
+        lat = r["latency_ms"]
+        batches = ", ".join(f"{role} {b['mean_batch']}" for role, b in r["batching"].items())
+        print(f"{r['mode']:8} {r.get('frame_path', 'opencv'):6} {r['cameras']:>4} {r['fps_analysed_per_camera']:>8} "
+              f"{r['skipped_pct_of_wanted']:>6} {lat['p50']:>7} {lat['p95']:>7} {lat['p99']:>7} {r['cpu_percent']:>6} "
+              f"{r['peak_rss_mb']:>7} {r['gpu_mb'] if r['gpu_mb'] is not None else '-':>7}  {batches}")
     for r in result["results"]:
         if r.get("gpu_utilisation"):
             u = r["gpu_utilisation"]

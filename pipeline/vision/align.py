@@ -43,21 +43,52 @@ def _pixel_centres(matrix: np.ndarray) -> np.ndarray:
     return adjusted
 
 
+def align_matrix(landmarks: np.ndarray, size: tuple[int, int], template: np.ndarray = FER_TEMPLATE) -> np.ndarray:
+    """The 2 x 3 float64 frame → crop matrix (pixel centres, as warpAffine takes it) that puts the five `landmarks` on
+    `template` (fractions of `size`). One definition for the host crop and the GPU crop graph (modelprep.frame_graphs),
+    so both paths frame a face identically."""
+    width, height = size
+    return _pixel_centres(similarity_transform(landmarks, template * np.array([width, height])))
+
+
+def box_crop_matrix(box: tuple[float, float, float, float], size: tuple[int, int], margin: float = 0.1) -> np.ndarray:
+    """The 2 x 3 float64 frame → crop matrix (pixel centres) of a square crop centred on `box`, enlarged by `margin`
+    of its long side; shared by `box_crop` and the GPU crop graph for the same reason as `align_matrix`."""
+    x1, y1, x2, y2 = box
+    side = max(x2 - x1, y2 - y1) * (1.0 + 2.0 * margin)
+    cx, cy = (x1 + x2) / 2.0, (y1 + y2) / 2.0
+    width, height = size
+    scale = width / max(side, 1.0)
+    return _pixel_centres(np.array([[scale, 0.0, width / 2.0 - scale * cx], [0.0, scale, height / 2.0 - scale * cy]]))
+
+
+def inverse_affine(matrix: np.ndarray) -> np.ndarray:
+    """Invert 2 x 3 affine matrices (one, or a stack [..., 2, 3]): crop pixel centre → frame pixel centre.
+
+    The GPU crop graph samples the frame at the inverse map of each crop pixel, as warpAffine does internally; this is
+    cv2.invertAffineTransform's formula (a singular matrix gives zeros rather than an error), vectorised so a whole
+    batch of faces is inverted at once."""
+    m = np.asarray(matrix, dtype=np.float64)
+    a, b, tx = m[..., 0, 0], m[..., 0, 1], m[..., 0, 2]
+    c, d, ty = m[..., 1, 0], m[..., 1, 1], m[..., 1, 2]
+    det = a * d - b * c
+    inv_det = np.divide(1.0, det, out=np.zeros_like(det), where=det != 0)
+    a_i, b_i, c_i, d_i = d * inv_det, -b * inv_det, -c * inv_det, a * inv_det
+    rows = [[a_i, b_i, -a_i * tx - b_i * ty], [c_i, d_i, -c_i * tx - d_i * ty]]
+    return np.stack([np.stack(row, axis=-1) for row in rows], axis=-2)
+
+
 def align_face(image: np.ndarray, landmarks: np.ndarray, size: tuple[int, int],
                template: np.ndarray = FER_TEMPLATE) -> np.ndarray:
     """Warp the face so its landmarks land on `template` (fractions of `size`); returns size[1] x size[0] x C."""
     width, height = size
-    matrix = _pixel_centres(similarity_transform(landmarks, template * np.array([width, height])))
+    matrix = align_matrix(landmarks, (width, height), template)
     return cv2.warpAffine(image, matrix, (width, height), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
 
 
 def box_crop(image: np.ndarray, box: tuple[float, float, float, float], size: tuple[int, int],
              margin: float = 0.1) -> np.ndarray:
     """A square crop centred on `box`, enlarged by `margin` of its long side, resized to `size`."""
-    x1, y1, x2, y2 = box
-    side = max(x2 - x1, y2 - y1) * (1.0 + 2.0 * margin)
-    cx, cy = (x1 + x2) / 2.0, (y1 + y2) / 2.0
     width, height = size
-    scale = width / max(side, 1.0)
-    matrix = _pixel_centres(np.array([[scale, 0.0, width / 2.0 - scale * cx], [0.0, scale, height / 2.0 - scale * cy]]))
+    matrix = box_crop_matrix(box, (width, height), margin)
     return cv2.warpAffine(image, matrix, (width, height), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)

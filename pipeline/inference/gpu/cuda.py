@@ -256,6 +256,19 @@ class Stream(_Owned):
         self._copy(_host_address(host, device), device.ptr, host.nbytes, runtime.cudaMemcpyKind.cudaMemcpyDeviceToHost,
                    f"{self.what}: copy {device.what} from the GPU")
 
+    def copy_within(self, dst: int, src: int, nbytes: int, what: str) -> None:
+        """Queue device → device (cudaMemcpyAsync) of `nbytes` between raw device addresses."""
+        runtime = load_runtime()
+        self._copy(dst, src, nbytes, runtime.cudaMemcpyKind.cudaMemcpyDeviceToDevice, what)
+
+    def copy_host_to(self, dst: int, host: np.ndarray, what: str) -> None:
+        """Queue host → device of a C-contiguous array to a raw device address (pageable memory: staged by CUDA,
+        so `host` may change as soon as this returns)."""
+        if not host.flags.c_contiguous:
+            raise BackendError(f"{what}: host array {host.shape} is not C-contiguous")
+        runtime = load_runtime()
+        self._copy(dst, int(host.ctypes.data), host.nbytes, runtime.cudaMemcpyKind.cudaMemcpyHostToDevice, what)
+
     def _copy(self, dst: int, src: int, nbytes: int, kind: Any, what: str) -> None:
         check(load_runtime().cudaMemcpyAsync(dst, src, nbytes, kind, self._live()), f"cudaMemcpyAsync ({what})")
 

@@ -1,0 +1,358 @@
+"""The frame graphs path (`inference.frame_path: graph`): whole frames in, faces and emotions out, in two graph runs.
+
+Why: on the GPU machine the host was the limit (issue 11): every frame was letterboxed by OpenCV, copied to the GPU,
+its candidates decoded and NMS-ed in numpy, and every face cut by OpenCV and copied up again. Here a batch of frames
+from all cameras goes through two ONNX graphs built around the prepared models (modelprep/frame_graphs.py):
+
+  1. detector graph: frames (uint8, camera size, as decoded) → letterbox → RetinaFace → decode + NMS → the best faces
+     of each frame (boxes, landmarks, scores; a few KB);
+  2. classifier graph: the *same* frames + one inverse affine per face → bilinear crops → the emotion model →
+     probabilities.
+
+Between the two, the host does what needs no pixels: the min-size and max-faces filter and each face's crop matrix
+(box or five-point alignment, vision.align's one definition). That is why there are two graphs and not one fused:
+alignment's similarity fit (an SVD per face) and the size filter are cheap on the host and awkward in a graph, and the
+round trip carries only boxes. On cuda (gpu/frame_lane.py) the frames are copied once into the lane's batch buffer
+on the GPU (device to device from NVDEC, or host to device for a CPU-decoded camera) and read there by both graphs;
+on the CPU (HostFrameLane below) the same graphs run on host arrays, which is how CI tests this path.
+
+Items of one batch may come from cameras of different sizes or channel orders: they are grouped by FrameFormat, and
+each format has its own graphs (shapes are static, so each graph is planned once), built when first met.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import onnx
+
+from pipeline.core.types import Detection, EmotionScores, FrameImage
+from pipeline.inference.backend import BackendError
+from pipeline.inference.batching import BatchedModel
+from pipeline.inference.settings import DetectorConfig, EmotionConfig, InferenceConfig
+from pipeline.modelprep.frame_graphs import (
+    FRAME_INDEX_INPUT,
+    FRAME_INPUT,
+    IOU_THRESHOLD,
+    MATRIX_INPUT,
+    SCORE_THRESHOLD,
+    FrameFormat,
+    crop_classify_graph,
+    detector_frame_graph,
+)
+from pipeline.modelprep.manifest import ModelManifest
+from pipeline.vision.align import align_matrix, box_crop_matrix, inverse_affine
+from pipeline.vision.retinaface import filter_faces
+
+log = logging.getLogger(__name__)
+
+FACE_OUTPUTS = ("face_score", "face_box", "face_landmarks")
+GRAPH_FACES = 64  # faces per frame the detector graph returns at most (best scores after NMS), before max_faces
+
+
+def frame_format(image: FrameImage) -> FrameFormat:
+    """A frame's size and channel order: host frames are BGR (OpenCV), device frames say their own."""
+    height, width = image.shape[:2]
+    order = "bgr" if isinstance(image, np.ndarray) else image.order
+    return FrameFormat(int(width), int(height), order)
+
+
+@dataclass(frozen=True)
+class FrameResult:
+    """One frame's faces (filtered as the detector section says) with their emotions, and the batch's stage times."""
+
+    faces: list[Detection]
+    scores: list[EmotionScores]
+    timings: dict[str, float]
+
+
+class FrameLane(Protocol):
+    """Runs the two graphs of one lane; detect() keeps the batch's frames for the classify() that follows."""
+
+    def prepare(self, fmt: FrameFormat) -> None: ...
+
+    def detect(self, items: Sequence[FrameImage], fmt: FrameFormat,
+               thresholds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    def classify(self, fmt: FrameFormat, matrices: np.ndarray, frame_index: np.ndarray) -> np.ndarray: ...
+
+    def close(self) -> None: ...
+
+
+class FrameGraphs:
+    """Both graphs for each frame format, built once from the prepared models and shared (serialised) by the lanes."""
+
+    def __init__(self, detector_path: Path, classifier_path: Path, detector: DetectorConfig,
+                 classifier: ModelManifest) -> None:
+        if classifier.input.size is None:
+            raise BackendError(f"emotion model {classifier.name}: manifest input.size is required")
+        self._detector_model = onnx.load(str(detector_path))
+        self._classifier_model = onnx.load(str(classifier_path))
+        self._input_size = (int(detector.input_size[0]), int(detector.input_size[1]))
+        self._crop_size = classifier.input.size
+        self._colour = classifier.input.color
+        self._max_faces = max(GRAPH_FACES, detector.max_faces)
+        self._built: dict[tuple[str, FrameFormat], bytes] = {}
+        self._lock = threading.Lock()
+
+    def detector(self, fmt: FrameFormat) -> bytes:
+        return self._get("detector", fmt, lambda: detector_frame_graph(
+            self._detector_model, fmt, self._input_size, self._max_faces))
+
+    def classifier(self, fmt: FrameFormat) -> bytes:
+        return self._get("classifier", fmt, lambda: crop_classify_graph(
+            self._classifier_model, fmt, self._crop_size, self._colour))
+
+    def _get(self, role: str, fmt: FrameFormat, build: Callable[[], onnx.ModelProto]) -> bytes:
+        with self._lock:  # lanes meeting a new format at once build it once
+            found = self._built.get((role, fmt))
+            if found is None:
+                started = time.monotonic()
+                found = build().SerializeToString()
+                self._built[(role, fmt)] = found
+                log.info("frame graphs: %s graph for %dx%d %s built in %.1f s", role, fmt.width, fmt.height,
+                         fmt.order, time.monotonic() - started)
+            return found
+
+
+class HostFrameLane:
+    """The frame graphs on ONNX Runtime's CPU provider: host frames only (a GPU frame is refused)."""
+
+    def __init__(self, graphs: FrameGraphs, session_factory: Callable[[bytes], Any]) -> None:
+        self._graphs = graphs
+        self._session_factory = session_factory
+        self._sessions: dict[tuple[str, FrameFormat], Any] = {}
+        self._frames: np.ndarray | None = None
+
+    def prepare(self, fmt: FrameFormat) -> None:
+        self._session("detector", fmt)
+        self._session("classifier", fmt)
+
+    def _session(self, role: str, fmt: FrameFormat) -> Any:
+        session = self._sessions.get((role, fmt))
+        if session is None:
+            graph = self._graphs.detector(fmt) if role == "detector" else self._graphs.classifier(fmt)
+            session = self._sessions[(role, fmt)] = self._session_factory(graph)
+        return session
+
+    def detect(self, items: Sequence[FrameImage], fmt: FrameFormat,
+               thresholds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if not all(isinstance(item, np.ndarray) for item in items):
+            raise BackendError("frame graphs on the CPU take host frames; a GPU frame needs inference.device cuda")
+        self._frames = np.stack(items)  # type: ignore[arg-type]
+        values = self._session("detector", fmt).run(list(FACE_OUTPUTS), {FRAME_INPUT: self._frames, **thresholds})
+        return dict(zip(FACE_OUTPUTS, values))
+
+    def classify(self, fmt: FrameFormat, matrices: np.ndarray, frame_index: np.ndarray) -> np.ndarray:
+        if self._frames is None:
+            raise BackendError("classify() before detect()")
+        session = self._session("classifier", fmt)
+        output = session.get_outputs()[0].name
+        feeds = {FRAME_INPUT: self._frames, MATRIX_INPUT: matrices, FRAME_INDEX_INPUT: frame_index}
+        return np.asarray(session.run([output], feeds)[0])
+
+    def close(self) -> None:
+        self._sessions.clear()
+        self._frames = None
+
+
+class FrameEngine:
+    """The BatchRunner of the frame graphs path: a batch of frames (any cameras) → one FrameResult per frame."""
+
+    name = "frame-graphs"
+
+    def __init__(self, lanes: list[FrameLane], detector: DetectorConfig, emotion: EmotionConfig,
+                 classifier: ModelManifest, max_batch: int, describe: dict[str, str]) -> None:
+        self.lanes = len(lanes)
+        self.max_batch = max_batch
+        self._lanes = lanes
+        self._detector = detector
+        self._emotion = emotion
+        self._crop_size: tuple[int, int] = classifier.input.size or (64, 64)
+        self._order = np.asarray(classifier.canonical_order())
+        self._described = describe
+        self._thresholds = {SCORE_THRESHOLD: np.array([detector.score_threshold], np.float32),
+                            IOU_THRESHOLD: np.array([detector.nms_threshold], np.float32)}
+        self._prepared: set[tuple[int, FrameFormat]] = set()  # each (lane, format) is touched by its lane only
+
+    def prepare(self, fmt: FrameFormat, lane: int) -> None:
+        """Build this format's graphs and sessions on `lane` and run each once (call it on the lane's own thread).
+
+        A format met for the first time in a batch is prepared then, before its first run: that batch waits
+        (seconds on a GPU, logged), but no later batch meets an unplanned shape."""
+        if (lane, fmt) in self._prepared:
+            return
+        started = time.monotonic()
+        self._lanes[lane].prepare(fmt)
+        self._prepared.add((lane, fmt))
+        log.info("frame graphs lane %d: %dx%d %s frames prepared in %.1f s", lane, fmt.width, fmt.height, fmt.order,
+                 time.monotonic() - started)
+
+    def warm_up(self, item_shape: tuple[int, ...], dtype: np.dtype, lane: int = 0) -> None:
+        height, width = item_shape[:2]
+        self.prepare(FrameFormat(int(width), int(height), "bgr"), lane)
+
+    def run_items(self, items: Sequence[FrameImage], lane: int = 0) -> list[FrameResult]:
+        """Group the batch by format (usually one), run each group, and return results in the items' order."""
+        groups: dict[FrameFormat, list[int]] = {}
+        for index, item in enumerate(items):
+            groups.setdefault(frame_format(item), []).append(index)
+        results: list[FrameResult | None] = [None] * len(items)
+        for fmt, indices in groups.items():
+            for index, result in zip(indices, self._run_group([items[i] for i in indices], fmt, lane)):
+                results[index] = result
+        return results  # type: ignore[return-value]
+
+    def _run_group(self, items: list[FrameImage], fmt: FrameFormat, lane: int) -> list[FrameResult]:
+        runner = self._lanes[lane]
+        self.prepare(fmt, lane)
+        t0 = time.monotonic()
+        outputs = runner.detect(items, fmt, self._thresholds)
+        t1 = time.monotonic()
+        faces = [self._faces(outputs, index, fmt) for index in range(len(items))]
+        matrices, frame_index = self._crop_matrices(faces)
+        t2 = time.monotonic()
+        probs = runner.classify(fmt, matrices, frame_index) if len(matrices) else np.zeros((0, len(self._order)))
+        t3 = time.monotonic()
+        timings = {"detect": (t1 - t0) * 1e3, "crop": (t2 - t1) * 1e3, "emotion": (t3 - t2) * 1e3}
+        scores = [self._scores(row) for row in probs]
+        results, start = [], 0
+        for frame_faces in faces:
+            results.append(FrameResult(frame_faces, scores[start:start + len(frame_faces)], timings))
+            start += len(frame_faces)
+        return results
+
+    def _faces(self, outputs: dict[str, np.ndarray], index: int, fmt: FrameFormat) -> list[Detection]:
+        """One frame's faces from the graph's fixed-size rows (score -1 = no face), clipped and filtered as on the
+        OpenCV path (vision.retinaface: _to_frame, then filter_faces)."""
+        score = outputs["face_score"][index]
+        keep = np.flatnonzero(score >= 0)
+        boxes = outputs["face_box"][index][keep].astype(np.float64)
+        boxes = np.clip(boxes, 0.0, [fmt.width, fmt.height, fmt.width, fmt.height])
+        points = outputs["face_landmarks"][index][keep].astype(np.float32)
+        found = [Detection(box=(float(b[0]), float(b[1]), float(b[2]), float(b[3])), score=float(s), landmarks=p)
+                 for b, s, p in zip(boxes, score[keep], points)]
+        return filter_faces(found, self._detector.min_face_px, self._detector.max_faces)
+
+    def _crop_matrices(self, faces: list[list[Detection]]) -> tuple[np.ndarray, np.ndarray]:
+        """Per face: the inverse affine (output pixel → frame pixel) of its crop, and the frame it comes from."""
+        matrices, frames = [], []
+        for frame, frame_faces in enumerate(faces):
+            for face in frame_faces:
+                if self._emotion.crop == "align":
+                    forward = align_matrix(face.landmarks, self._crop_size)
+                else:
+                    forward = box_crop_matrix(face.box, self._crop_size, self._emotion.box_margin)
+                matrices.append(inverse_affine(forward))
+                frames.append(frame)
+        if not matrices:
+            return np.zeros((0, 2, 3), np.float32), np.zeros((0,), np.int64)
+        return np.asarray(matrices, np.float32), np.asarray(frames, np.int64)
+
+    def _scores(self, row: np.ndarray) -> EmotionScores:
+        probs = np.asarray(row, dtype=np.float32)[self._order]
+        return EmotionScores(probs / max(float(probs.sum()), 1e-9))
+
+    def describe(self) -> dict[str, str]:
+        return dict(self._described)
+
+    def close(self) -> None:
+        lanes, self._lanes = self._lanes, []
+        for runner in lanes:
+            runner.close()
+
+
+class FramePerception:
+    """Perception on the frame graphs path: `analyze` takes a whole frame (host or GPU) and returns its faces and
+    emotions; one shared BatchedModel batches frames across cameras."""
+
+    def __init__(self, model: BatchedModel, engine: FrameEngine, result_timeout_s: float = 10.0) -> None:
+        self.model = model
+        self.engine = engine
+        self._timeout = result_timeout_s
+
+    def models(self) -> list[tuple[str, BatchedModel]]:
+        return [("frames", self.model)]
+
+    def prepare(self, fmt: FrameFormat) -> None:
+        """Build and warm a frame format's graphs on every lane before frames of that size arrive (otherwise the
+        first batch of a new size pays for it, seconds on a GPU)."""
+        self.model.on_lanes(lambda lane: self.engine.prepare(fmt, lane))
+
+    def warm_up(self) -> None:
+        """Nothing to warm before the cameras say their sizes: each format is prepared when first met (logged)."""
+
+    def analyze(self, image: FrameImage) -> tuple[list[Detection], list[EmotionScores], dict[str, float]]:
+        """Faces and emotions of one frame, with the batch's stage times and this frame's wait, in ms."""
+        started = time.monotonic()
+        result: FrameResult = self.model.submit(image).result(timeout=self._timeout)
+        total = (time.monotonic() - started) * 1e3
+        timings = dict(result.timings)
+        timings["queue"] = max(0.0, total - sum(timings.values()))
+        return result.faces, result.scores, timings
+
+    def close(self) -> None:
+        self.model.close()
+
+
+def load_frame_perception(detector_path: Path, classifier_path: Path, detector: DetectorConfig,
+                          emotion: EmotionConfig, classifier: ModelManifest, inference: InferenceConfig,
+                          precision: str) -> FramePerception:
+    """The frame graphs path on `inference.device` (cpu or cuda), one lane per `inference.lanes`."""
+    from pipeline.inference.onnxruntime import (
+        import_ort,
+        make_session,
+        share_cuda_arena,
+    )
+
+    ort = import_ort()
+    graphs = FrameGraphs(detector_path, classifier_path, detector, classifier)
+    threads = inference.threads
+    lanes: list[FrameLane] = []
+    if inference.device == "cuda":
+        lanes = _cuda_lanes(ort, graphs, inference, detector, threads or 1, share_cuda_arena(ort))
+    else:
+        def cpu_session(graph: bytes) -> Any:
+            return make_session(ort, graph, "frame graph", threads, ["CPUExecutionProvider"])
+        lanes = [HostFrameLane(graphs, cpu_session) for _ in range(inference.lanes)]
+    describe = {"backend": "onnxruntime", "device": inference.device, "precision": precision,
+                "frame_path": "graph", "lanes": str(len(lanes)),
+                "files": f"{detector_path.name}, {classifier_path.name}"}
+    engine = FrameEngine(lanes, detector, emotion, classifier, inference.max_batch, describe)
+    model = BatchedModel(engine, "frames", inference.max_batch, inference.max_delay_ms, inference.queue_size)
+    return FramePerception(model, engine)
+
+
+def _cuda_lanes(ort: Any, graphs: FrameGraphs, inference: InferenceConfig, detector: DetectorConfig, threads: int,
+                shared_arena: bool) -> list[FrameLane]:
+    from pipeline.inference.gpu.cuda import load_runtime
+    from pipeline.inference.gpu.frame_lane import CudaFrameLane
+    from pipeline.inference.onnxruntime import make_session
+
+    load_runtime()
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise BackendError(f"inference.device cuda needs CUDAExecutionProvider, which this onnxruntime "
+                           f"({ort.__version__}) lacks; pip install -r requirements-gpu.txt")
+
+    def cuda_session(graph: bytes, stream: int) -> Any:
+        options = {"user_compute_stream": str(stream), "cudnn_conv_algo_search": "HEURISTIC"}
+        return make_session(ort, graph, "frame graph", threads, [("CUDAExecutionProvider", options)], shared_arena)
+
+    lanes: list[FrameLane] = []
+    try:
+        for index in range(inference.lanes):
+            lanes.append(CudaFrameLane(graphs, cuda_session, inference.max_batch, inference.batch_step,
+                                       face_cap=inference.max_batch * detector.max_faces,
+                                       what=f"frame graphs lane {index}"))
+    except BaseException:
+        for lane in lanes:
+            lane.close()
+        raise
+    return lanes

@@ -1,0 +1,186 @@
+"""One CUDA lane of the frame graphs path: a batch of whole frames in GPU memory, read by both graphs in place.
+
+Per frame format the lane owns one device buffer of `max_batch` frames. detect() fills its first rows, on the lane's
+stream: device to device from an NVDEC frame (core.types.DeviceImage), host to device from a CPU-decoded one. Both
+graphs are bound to that buffer with ONNX Runtime's I/O binding (no numpy copy of a frame anywhere); only the
+thresholds, the crop matrices and the frame index of each face go up, and only faces and probabilities come down.
+
+Like CudaLane, each graph has one session per padded size (frames: powers of `step` up to max_batch; faces: powers of
+`step` up to `face_cap`), because ONNX Runtime's CUDA provider re-plans for seconds on any new input shape. The
+classifier graph is always bound to the whole buffer (max_batch frames), so its only varying shape is the face
+count.
+
+The caller (the batcher's runner thread) holds the frames it passed until detect/classify return; both end with
+outputs copied to the host, i.e. after the stream has finished reading them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from pipeline.core.types import FrameImage
+from pipeline.inference.backend import BackendError
+from pipeline.inference.gpu.cuda import DeviceBuffer, Stream
+from pipeline.inference.gpu.cuda_lane import padded_size
+from pipeline.modelprep.frame_graphs import (
+    FRAME_INDEX_INPUT,
+    FRAME_INPUT,
+    IOU_THRESHOLD,
+    MATRIX_INPUT,
+    SCORE_THRESHOLD,
+    FrameFormat,
+)
+
+log = logging.getLogger(__name__)
+
+FACE_OUTPUTS = ("face_score", "face_box", "face_landmarks")
+
+
+class GraphSource(Protocol):
+    def detector(self, fmt: FrameFormat) -> bytes: ...
+
+    def classifier(self, fmt: FrameFormat) -> bytes: ...
+
+
+@dataclass
+class _FormatState:
+    """A format's batch buffer and its sessions (with their I/O bindings) by padded size."""
+
+    frames: DeviceBuffer
+    frame_bytes: int
+    detect: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+    classify: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+    classify_output: str = ""
+
+
+class CudaFrameLane:
+    """The two frame graphs on one CUDA stream, over one device batch buffer per frame format."""
+
+    def __init__(self, graphs: GraphSource, session_factory: Callable[[bytes, int], Any], max_batch: int,
+                 step: int, face_cap: int, what: str) -> None:
+        self.what = what
+        self._graphs = graphs
+        self._session_factory = session_factory
+        self._max_batch = max_batch
+        self._step = step
+        self._face_cap = max(1, face_cap)
+        self._formats: dict[FrameFormat, _FormatState] = {}
+        self._lock = threading.Lock()
+        self._stream: Stream | None = Stream(what)
+
+    def _live_stream(self) -> Stream:
+        if self._stream is None:
+            raise BackendError(f"{self.what} is closed")
+        return self._stream
+
+    def _state(self, fmt: FrameFormat) -> _FormatState:
+        state = self._formats.get(fmt)
+        if state is None:
+            frame_bytes = fmt.width * fmt.height * 3
+            buffer = DeviceBuffer(f"{self.what} frames {fmt.width}x{fmt.height}", frame_bytes * self._max_batch)
+            state = self._formats[fmt] = _FormatState(buffer, frame_bytes)
+        return state
+
+    def _detect_session(self, fmt: FrameFormat, state: _FormatState, bucket: int) -> tuple[Any, Any]:
+        entry = state.detect.get(bucket)
+        if entry is None:
+            session = self._session_factory(self._graphs.detector(fmt), self._live_stream().handle)
+            entry = state.detect[bucket] = (session, session.io_binding())
+        return entry
+
+    def _classify_session(self, fmt: FrameFormat, state: _FormatState, bucket: int) -> tuple[Any, Any]:
+        entry = state.classify.get(bucket)
+        if entry is None:
+            session = self._session_factory(self._graphs.classifier(fmt), self._live_stream().handle)
+            state.classify_output = session.get_outputs()[0].name
+            entry = state.classify[bucket] = (session, session.io_binding())
+        return entry
+
+    def prepare(self, fmt: FrameFormat) -> None:
+        """Create and run every session of this format once (zeros in, results dropped)."""
+        with self._lock:
+            state = self._state(fmt)
+        zeros = np.zeros((fmt.height, fmt.width, 3), np.uint8)
+        thresholds = {SCORE_THRESHOLD: np.array([0.5], np.float32), IOU_THRESHOLD: np.array([0.4], np.float32)}
+        for bucket in sorted({padded_size(n, self._step, self._max_batch) for n in range(1, self._max_batch + 1)}):
+            self.detect([zeros] * bucket, fmt, thresholds)
+        for bucket in sorted({padded_size(n, self._step, self._face_cap) for n in range(1, self._face_cap + 1)}):
+            matrices = np.tile(np.array([[1, 0, 0], [0, 1, 0]], np.float32), (bucket, 1, 1))
+            self.classify(fmt, matrices, np.zeros(bucket, np.int64))
+        log.info("%s: %dx%d %s ready (%d + %d sessions)", self.what, fmt.width, fmt.height, fmt.order,
+                 len(state.detect), len(state.classify))
+
+    def detect(self, items: Sequence[FrameImage], fmt: FrameFormat,
+               thresholds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        count = len(items)
+        if count > self._max_batch:
+            raise BackendError(f"{self.what}: {count} frames exceed max_batch {self._max_batch}")
+        with self._lock:
+            stream = self._live_stream()
+            state = self._state(fmt)
+            self._stage(stream, state, items)
+            bucket = padded_size(count, self._step, self._max_batch)
+            session, binding = self._detect_session(fmt, state, bucket)
+            binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [bucket, fmt.height, fmt.width, 3], state.frames.ptr)
+            for name, value in thresholds.items():
+                binding.bind_cpu_input(name, value)
+            binding.clear_binding_outputs()
+            for name in FACE_OUTPUTS:
+                binding.bind_output(name, "cpu")
+            session.run_with_iobinding(binding)  # on the lane's stream, after the copies; returns with outputs on the host
+            values = binding.copy_outputs_to_cpu()
+        return {name: value[:count] for name, value in zip(FACE_OUTPUTS, values)}
+
+    def _stage(self, stream: Stream, state: _FormatState, items: Sequence[FrameImage]) -> None:
+        """Queue each frame's copy into its row of the batch buffer."""
+        for row, item in enumerate(items):
+            dst = state.frames.ptr + row * state.frame_bytes
+            if isinstance(item, np.ndarray):
+                stream.copy_host_to(dst, np.ascontiguousarray(item), f"{self.what}: frame {row} to the GPU")
+            else:
+                stream.copy_within(dst, item.ptr, state.frame_bytes, f"{self.what}: frame {row} into the batch")
+
+    def classify(self, fmt: FrameFormat, matrices: np.ndarray, frame_index: np.ndarray) -> np.ndarray:
+        count = len(matrices)
+        bucket = padded_size(count, self._step, self._face_cap)
+        if count > bucket:
+            raise BackendError(f"{self.what}: {count} faces exceed the lane's face capacity {self._face_cap}")
+        padded_matrices = np.zeros((bucket, 2, 3), np.float32)
+        padded_matrices[:count] = matrices
+        padded_index = np.zeros(bucket, np.int64)
+        padded_index[:count] = frame_index
+        with self._lock:
+            self._live_stream()
+            state = self._state(fmt)
+            session, binding = self._classify_session(fmt, state, bucket)
+            binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [self._max_batch, fmt.height, fmt.width, 3],
+                               state.frames.ptr)
+            binding.bind_cpu_input(MATRIX_INPUT, padded_matrices)
+            binding.bind_cpu_input(FRAME_INDEX_INPUT, padded_index)
+            binding.clear_binding_outputs()
+            binding.bind_output(state.classify_output, "cpu")
+            session.run_with_iobinding(binding)
+            probs = binding.copy_outputs_to_cpu()[0]
+        return np.asarray(probs[:count])
+
+    def close(self) -> None:
+        """Drain the stream, then drop the sessions (they run on it), free the buffers and destroy the stream."""
+        with self._lock:
+            stream, self._stream = self._stream, None
+            if stream is None:
+                return
+            try:
+                stream.synchronize()
+                states, self._formats = list(self._formats.values()), {}
+                for state in states:
+                    state.detect.clear()
+                    state.classify.clear()
+                    state.frames.close()
+            finally:
+                stream.close()
