@@ -38,6 +38,9 @@ from pipeline.inference.backend import BackendError
 from pipeline.inference.batching import BatchedModel
 from pipeline.inference.settings import DetectorConfig, EmotionConfig, InferenceConfig
 from pipeline.modelprep.frame_graphs import (
+    FACE_BOX,
+    FACE_LANDMARKS,
+    FACE_SCORE,
     FRAME_INDEX_INPUT,
     FRAME_INPUT,
     IOU_THRESHOLD,
@@ -53,7 +56,7 @@ from pipeline.vision.retinaface import filter_faces
 
 log = logging.getLogger(__name__)
 
-FACE_OUTPUTS = ("face_score", "face_box", "face_landmarks")
+FACE_OUTPUTS = (FACE_SCORE, FACE_BOX, FACE_LANDMARKS)
 GRAPH_FACES = 64  # faces per frame the detector graph returns at most (best scores after NMS), before max_faces
 
 
@@ -232,11 +235,11 @@ class FrameEngine:
     def _faces(self, outputs: dict[str, np.ndarray], index: int, fmt: FrameFormat) -> list[Detection]:
         """One frame's faces from the graph's fixed-size rows (score -1 = no face), clipped and filtered as on the
         OpenCV path (vision.retinaface: _to_frame, then filter_faces)."""
-        score = outputs["face_score"][index]
+        score = outputs[FACE_SCORE][index]
         keep = np.flatnonzero(score >= 0)
-        boxes = outputs["face_box"][index][keep].astype(np.float64)
+        boxes = outputs[FACE_BOX][index][keep].astype(np.float64)
         boxes = np.clip(boxes, 0.0, [fmt.width, fmt.height, fmt.width, fmt.height])
-        points = outputs["face_landmarks"][index][keep].astype(np.float32)
+        points = outputs[FACE_LANDMARKS][index][keep].astype(np.float32)
         found = [Detection(box=(float(b[0]), float(b[1]), float(b[2]), float(b[3])), score=float(s), landmarks=p)
                  for b, s, p in zip(boxes, score[keep], points)]
         return filter_faces(found, self._detector.min_face_px, self._detector.max_faces)

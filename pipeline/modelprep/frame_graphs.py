@@ -3,8 +3,9 @@ NMS, face crops) rebuilt as ONNX and joined to the prepared models, so frames th
 come back to the host: ONNX Runtime's CUDA provider runs the whole chain.
 
 - `detector_frame_graph`: uint8 frames [B, H, W, 3] → letterbox → the prepared detector (unchanged, any
-  precision) → decode + NonMaxSuppression → `face_score` [B, F] (-1 where there is no face), `face_box` [B, F, 4] and
-  `face_landmarks` [B, F, 5, 2] in frame pixels. Thresholds are runtime inputs: a config change needs no rebuild.
+  precision) → decode + NonMaxSuppression → `face_score` [B, F] (-1 where there is no face), `face_box`
+  [B, F, 4] and `face_landmarks` [B, F, 5, 2] in frame pixels. Thresholds are runtime inputs: a config change
+  needs no rebuild.
 - `crop_classify_graph`: uint8 frames + one inverse affine matrix per face (vision.align's matrices, inverted) → a
   bilinear, border-replicating crop (cv2.warpAffine's) in the classifier's colour → the prepared classifier.
 
@@ -17,7 +18,9 @@ agreement on real frames. Two deliberate choices:
 - uint8 tensors are only transposed, reshaped and gathered, and cast to float as late as possible, so a batch of 64
   1080p frames costs one float copy (for the area halving) and no other full-resolution float tensor.
 Our own names all start with `fg_`, so they cannot clash with a model's; a model that already uses the prefix is
-refused.
+refused. TensorRT caveat: it takes uint8 only at a network's edges and in Cast, so for a TensorRT build the uint8
+Transpose/Gather on the frames would have to become float ones (4x the memory); ONNX Runtime's CUDA provider runs
+them on uint8.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper, version_converter
 
+from pipeline.core.types import ChannelOrder
 from pipeline.modelprep.graph_edit import PREPARED_INPUT, GraphEditError
 from pipeline.modelprep.manifest import CANDIDATE_ANCHOR, CANDIDATE_SCORE
 from pipeline.vision.retinaface import (
@@ -37,7 +41,8 @@ from pipeline.vision.retinaface import (
     PAD_BGR,
     SIZE_VARIANCE,
     anchor_grid,
-    letterbox,
+    fit_size,
+    halvings,
 )
 
 FRAME_INPUT = "frames"
@@ -59,7 +64,7 @@ CLASSIFIER_OPSET = 17
 GRAY_BITS = 15
 GRAY_RGB = (9798.0, 19235.0, 3735.0)
 
-Order = Literal["rgb", "bgr"]
+Order = ChannelOrder
 Colour = Literal["gray", "rgb", "bgr"]
 
 
@@ -100,31 +105,30 @@ class _Builder:
         return f"{PREFIX}{self.scope}_{self._count}_{what}"
 
     def const(self, value: object, dtype: type = np.float32) -> str:
+        """An initializer (not a Constant node): TensorRT wants K, axes and shapes as initializers."""
         name = self.tensor("const")
         self.initializers.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
         return name
 
     def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs: Any) -> str:
+        """Append one node; returns its (only) output, named `out` when a graph output must carry that name."""
         return self.ops(op_type, *inputs, outs=[out or self.tensor(op_type.lower())], **attrs)[0]
 
     def ops(self, op_type: str, *inputs: str, outs: list[str], **attrs: Any) -> list[str]:
+        """Append one node with several outputs (TopK)."""
         self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=self.tensor(op_type.lower()), **attrs))
         return outs
 
 
 def letterbox_plan(frame: FrameFormat, input_size: tuple[int, int]) -> LetterboxPlan:
-    """The geometry vision.retinaface.letterbox gives frames of this size, read from letterbox itself (run once on a
-    black probe frame: the content is the black region, the rest is the non-black pad colour), so the formula has one
-    definition. The halving count repeats shrink()'s loop rule; tests compare the graphs with letterbox() output."""
-    probe = np.zeros((frame.height, frame.width, 3), np.uint8)
-    canvas, fit = letterbox(probe, input_size)
-    content = canvas[:, :, 0] == 0
-    resized = (int(content[0].sum()), int(content[:, 0].sum()))
-    width, height, halvings = frame.width, frame.height, 0
+    """The geometry vision.retinaface.letterbox gives frames of this size (its fit_size and shrink's halvings), so
+    the graph and the host path share one definition; tests compare the graphs with letterbox() output."""
+    scale, resized = fit_size((frame.width, frame.height), input_size)
+    width, height, count = frame.width, frame.height, 0
     if resized != (frame.width, frame.height):
-        while width >= 2 * resized[0] and height >= 2 * resized[1]:
-            width, height, halvings = width // 2, height // 2, halvings + 1
-    return LetterboxPlan(fit.scale, halvings, (width, height), resized, (int(input_size[0]), int(input_size[1])))
+        count = halvings((frame.width, frame.height), resized)
+        width, height = frame.width >> count, frame.height >> count
+    return LetterboxPlan(scale, count, (width, height), resized, (int(input_size[0]), int(input_size[1])))
 
 
 def _linear_taps(source: int, target: int, pin_edges: bool) -> tuple[np.ndarray, ...]:
@@ -191,11 +195,13 @@ def _letterbox_nodes(b: _Builder, frames: str, frame: FrameFormat, plan: Letterb
 
 
 def _frames_info(frame: FrameFormat) -> onnx.ValueInfoProto:
+    """`frames` with static H, W (the geometry is fixed at build time) and a dynamic batch."""
     return helper.make_tensor_value_info(FRAME_INPUT, TensorProto.UINT8, ["batch", frame.height, frame.width, 3])
 
 
 def _standalone(b: _Builder, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
                 opset: int, name: str) -> onnx.ModelProto:
+    """A model of one part alone, at the opset it will be spliced into (for tests and inspection)."""
     graph = helper.make_graph(b.nodes, name, inputs, outputs, initializer=b.initializers)
     opsets = [helper.make_opsetid("", opset)]
     model = helper.make_model(graph, opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets))
@@ -267,6 +273,7 @@ def _decode_nodes(b: _Builder, plan: LetterboxPlan, candidates: int, faces: int)
 
 
 def _opset(model: onnx.ModelProto) -> int:
+    """The model's default-domain opset (1 when it names none, as the ONNX spec says)."""
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
 
 
@@ -438,12 +445,14 @@ def _colour_nodes(b: _Builder, x: str, order: Order, colour: Colour) -> str:
 
 
 def _crop_inputs(frame: FrameFormat) -> list[onnx.ValueInfoProto]:
+    """`frames`, `crop_matrix` and `crop_frame`: faces is its own dynamic dimension, independent of the batch."""
     return [_frames_info(frame),
             helper.make_tensor_value_info(MATRIX_INPUT, TensorProto.FLOAT, ["faces", 2, 3]),
             helper.make_tensor_value_info(FRAME_INDEX_INPUT, TensorProto.INT64, ["faces"])]
 
 
 def _crop_nodes(b: _Builder, frame: FrameFormat, crop_size: tuple[int, int], colour: Colour) -> str:
+    """The whole crop part; the colour names are checked here because they arrive from manifests and configs."""
     if colour not in ("gray", "rgb", "bgr") or frame.order not in ("rgb", "bgr"):
         raise GraphEditError(f"crop colour {colour!r} from {frame.order!r} frames: expected gray/rgb/bgr from rgb/bgr")
     return _colour_nodes(b, _bilinear_crop(b, frame, crop_size), frame.order, colour)

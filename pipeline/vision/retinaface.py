@@ -30,12 +30,30 @@ class Letterbox:
     frame_size: tuple[int, int]  # width, height of the original frame
 
 
+def fit_size(frame_size: tuple[int, int], size: tuple[int, int]) -> tuple[float, tuple[int, int]]:
+    """The letterbox geometry of a frame of `frame_size` (width, height) in `size`: its scale and resized size.
+
+    One definition, used by `letterbox` here and by the frame graphs (modelprep.frame_graphs)."""
+    width, height = frame_size
+    target_w, target_h = size
+    scale = min(target_w / width, target_h / height)
+    return scale, (min(target_w, max(1, round(width * scale))), min(target_h, max(1, round(height * scale))))
+
+
+def halvings(size: tuple[int, int], target: tuple[int, int]) -> int:
+    """How many exact 2x2 halvings `shrink` applies before its last bilinear step."""
+    (width, height), (target_w, target_h) = size, target
+    count = 0
+    while width >= 2 * target_w and height >= 2 * target_h:
+        width, height, count = width // 2, height // 2, count + 1
+    return count
+
+
 def letterbox(image: np.ndarray, size: tuple[int, int]) -> tuple[np.ndarray, Letterbox]:
     """Resize `image` (H x W x 3 BGR) to fit `size` (width, height) keeping its aspect ratio; pad bottom/right."""
     height, width = image.shape[:2]
     target_w, target_h = size
-    scale = min(target_w / width, target_h / height)
-    new_w, new_h = min(target_w, max(1, round(width * scale))), min(target_h, max(1, round(height * scale)))
+    scale, (new_w, new_h) = fit_size((width, height), size)
     resized = image if (new_w, new_h) == (width, height) else shrink(image, (new_w, new_h))
     canvas = cv2.copyMakeBorder(resized, 0, target_h - new_h, 0, target_w - new_w, cv2.BORDER_CONSTANT,
                                 value=PAD_BGR)
@@ -51,7 +69,7 @@ def shrink(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     0.56 grey levels on average of INTER_AREA on group_1080p.mp4 frames (tests/test_detect.py checks the faces)."""
     target_w, target_h = size
     height, width = image.shape[:2]
-    while width >= 2 * target_w and height >= 2 * target_h:
+    for _ in range(halvings((width, height), size)):
         width, height = width // 2, height // 2
         image = cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA)
     if (width, height) == (target_w, target_h):

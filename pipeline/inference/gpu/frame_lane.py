@@ -29,6 +29,9 @@ from pipeline.inference.backend import BackendError
 from pipeline.inference.gpu.cuda import DeviceBuffer, Stream
 from pipeline.inference.gpu.cuda_lane import padded_size
 from pipeline.modelprep.frame_graphs import (
+    FACE_BOX,
+    FACE_LANDMARKS,
+    FACE_SCORE,
     FRAME_INDEX_INPUT,
     FRAME_INPUT,
     IOU_THRESHOLD,
@@ -39,7 +42,7 @@ from pipeline.modelprep.frame_graphs import (
 
 log = logging.getLogger(__name__)
 
-FACE_OUTPUTS = ("face_score", "face_box", "face_landmarks")
+FACE_OUTPUTS = (FACE_SCORE, FACE_BOX, FACE_LANDMARKS)
 
 
 class GraphSource(Protocol):
