@@ -55,7 +55,7 @@ case "${1:-check}" in
     done
     ;;
   frames-check)  # the frame graphs path on CUDA against the OpenCV path, with host frames and NVDEC frames
-    python3 -m pytest -q -m gpu tests/test_frames_path.py tests/test_nvdec.py -p no:cacheprovider 2>&1 \
+    python3 -m pytest -q tests/test_frames_path.py tests/test_nvdec.py -p no:cacheprovider 2>&1 \
       | tee "$OUT/test_frames_gpu.txt" | tail -15
     ;;
   frames-probe)  # node placement of the frame graphs, and one batch's cost with frames already on the GPU

@@ -37,9 +37,10 @@ def similarity_transform(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
 
 
 def _pixel_centres(matrix: np.ndarray) -> np.ndarray:
-    """Adjust a transform written in pixel-edge coordinates (detector boxes) to warpAffine's pixel-centre ones."""
+    """Adjust a transform (or a stack [..., 2, 3]) written in pixel-edge coordinates (detector boxes) to warpAffine's
+    pixel-centre ones."""
     adjusted = matrix.astype(np.float64).copy()
-    adjusted[:, 2] += adjusted[:, :2] @ np.array([0.5, 0.5]) - 0.5
+    adjusted[..., :, 2] += adjusted[..., :, :2] @ np.array([0.5, 0.5]) - 0.5
     return adjusted
 
 
@@ -54,12 +55,22 @@ def align_matrix(landmarks: np.ndarray, size: tuple[int, int], template: np.ndar
 def box_crop_matrix(box: tuple[float, float, float, float], size: tuple[int, int], margin: float = 0.1) -> np.ndarray:
     """The 2 x 3 float64 frame → crop matrix (pixel centres) of a square crop centred on `box`, enlarged by `margin`
     of its long side; shared by `box_crop` and the GPU crop graph for the same reason as `align_matrix`."""
-    x1, y1, x2, y2 = box
-    side = max(x2 - x1, y2 - y1) * (1.0 + 2.0 * margin)
-    cx, cy = (x1 + x2) / 2.0, (y1 + y2) / 2.0
+    return box_crop_matrices(np.asarray([box], dtype=np.float64), size, margin)[0]
+
+
+def box_crop_matrices(boxes: np.ndarray, size: tuple[int, int], margin: float = 0.1) -> np.ndarray:
+    """`box_crop_matrix` for a stack of boxes [F, 4] at once → [F, 2, 3] (the frame graphs path crops every face of
+    a batch together; one face at a time cost ~50 µs of Python each, 24 ms for a batch of 64 1080p frames)."""
+    boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    side = np.maximum(boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]) * (1.0 + 2.0 * margin)
+    cx, cy = (boxes[:, 0] + boxes[:, 2]) / 2.0, (boxes[:, 1] + boxes[:, 3]) / 2.0
     width, height = size
-    scale = width / max(side, 1.0)
-    return _pixel_centres(np.array([[scale, 0.0, width / 2.0 - scale * cx], [0.0, scale, height / 2.0 - scale * cy]]))
+    scale = width / np.maximum(side, 1.0)
+    matrices = np.zeros((len(boxes), 2, 3))
+    matrices[:, 0, 0] = matrices[:, 1, 1] = scale
+    matrices[:, 0, 2] = width / 2.0 - scale * cx
+    matrices[:, 1, 2] = height / 2.0 - scale * cy
+    return _pixel_centres(matrices)
 
 
 def inverse_affine(matrix: np.ndarray) -> np.ndarray:
