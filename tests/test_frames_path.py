@@ -190,8 +190,8 @@ def test_on_cuda_with_host_frames(prepared_models: None, app_config: Any, percep
 @pytest.mark.parametrize("clip", ["woman2.mp4", "group_1080p.mp4"])
 def test_on_cuda_with_frames_nvdec_kept_on_the_gpu(prepared_models: None, app_config: Any, perception: Perception,
                                                     clip: str) -> None:
-    """NVDEC frames (never on the host) against FFmpeg-decoded frames through the OpenCV path: the decoders differ
-    by a grey level here and there, the faces and emotions must not."""
+    """NVDEC frames that never visit the host, through the graphs on CUDA, against the very same pixels copied down
+    and run through the OpenCV path (so this compares the two analysis paths, not the two decoders)."""
     from pipeline.capture.nvdec import NvdecSource, nvdec_problem
 
     if nvdec_problem() is not None:
@@ -206,16 +206,17 @@ def test_on_cuda_with_frames_nvdec_kept_on_the_gpu(prepared_models: None, app_co
     finally:
         source.close()  # the frames still held keep their buffers until dropped
     assert not isinstance(device_frames[0], np.ndarray) and device_frames[0].order == "rgb"
+    host_frames = [frame.to_host() for frame in device_frames]  # BGR, as the preview gets them
     gpu = load_perception(_graph_config(app_config, device="cuda", lanes=2))
     try:
         candidate = _analyse_concurrently(gpu, device_frames)
     finally:
         gpu.close()
-    reference = [perception.analyze(f) for f in _frames(video, 8, 1)]
+    reference = [perception.analyze(frame) for frame in host_frames]
     same_count, same_top, worst_px, _ = _agreement(reference, candidate)
-    assert same_count >= 0.99 and same_top >= 0.98 and worst_px <= 3.0
-    host = device_frames[0].to_host()  # what the preview shows: BGR on the host, as FFmpeg decodes it
-    assert np.abs(host.astype(np.int16) - _frames(video, 1, 1)[0].astype(np.int16)).mean() < 3.0
+    assert same_count >= 0.99 and same_top >= 0.98 and worst_px <= 0.5
+    # and NVDEC's pixels are FFmpeg's, within a grey level or two on average
+    assert np.abs(host_frames[0].astype(np.int16) - _frames(video, 1, 1)[0].astype(np.int16)).mean() < 3.0
 
 
 @pytest.mark.gpu
