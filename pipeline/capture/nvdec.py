@@ -91,10 +91,16 @@ class NvdecSource(VideoSource):
         self._keep_on_device = keep_on_device
         self._open_demuxer()
         codec = self._demuxer.GetNvCodecId()
+        # The decoder's own non-blocking stream: its conversion kernels and our copies of its frames are ordered on
+        # it, and never wait for (or hold up) the inference lanes, as work on the legacy default stream would.
+        self._stream: Any = self._cuda("cudaStreamCreateWithFlags (decoder stream)",
+                                       self._runtime.cudaStreamCreateWithFlags(self._runtime.cudaStreamNonBlocking))
         try:
             self._decoder = self._nvc.CreateDecoder(gpuid=gpu, codec=codec, usedevicememory=True,
+                                                    cudastream=int(self._stream),
                                                     outputColorType=self._nvc.OutputColorType.RGB)
         except Exception as exc:  # noqa: BLE001 - PyNvVideoCodec raises its own types for unsupported codecs
+            self._destroy_stream()
             raise SourceError(f"{label}: NVDEC cannot decode this stream ({type(exc).__name__}: {exc})") from exc
         self._size = (int(self._demuxer.Width()), int(self._demuxer.Height()))
         fps = float(self._demuxer.FrameRate() or 0.0)
@@ -149,15 +155,18 @@ class NvdecSource(VideoSource):
         if self._keep_on_device:
             return self._device_copy(int(frame.GetPtrToPlane(0)))
         rgb = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(self._host_buffer(size)))
-        self._cuda("cudaMemcpy (decoded frame to the host)", self._runtime.cudaMemcpy(
-            rgb.ctypes.data, int(frame.GetPtrToPlane(0)), size, self._runtime.cudaMemcpyKind.cudaMemcpyDeviceToHost))
+        self._cuda("cudaMemcpyAsync (decoded frame to the host)", self._runtime.cudaMemcpyAsync(
+            rgb.ctypes.data, int(frame.GetPtrToPlane(0)), size, self._runtime.cudaMemcpyKind.cudaMemcpyDeviceToHost,
+            self._stream))
+        self._cuda("cudaStreamSynchronize (decoded frame to the host)",
+                   self._runtime.cudaStreamSynchronize(self._stream))
         return cv2.cvtColor(rgb.reshape(height, width, 3), cv2.COLOR_RGB2BGR)
 
     def _device_copy(self, src: int) -> NvdecImage:
         """Copy NVDEC's output surface into a pool buffer of our own (the surface is reused by the next Decode)."""
         width, height = self._size
         if self._pool is None:
-            self._pool = DevicePool(self._label, width * height * 3, self._runtime)
+            self._pool = DevicePool(self._label, width * height * 3, self._runtime, self._stream)
         buffer = self._pool.acquire()
         try:
             self._pool.copy(buffer, src)
@@ -198,6 +207,12 @@ class NvdecSource(VideoSource):
             self._pool = None
         self._decoder = None  # PyNvVideoCodec frees its session when the last reference goes
         self._demuxer = None
+        self._destroy_stream()
+
+    def _destroy_stream(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            self._cuda("cudaStreamDestroy (decoder stream)", self._runtime.cudaStreamDestroy(stream))
 
 
 class DevicePool:
@@ -208,19 +223,19 @@ class DevicePool:
     about three) and never past `MAX_BUFFERS`: a camera whose frames are all held (analysis stuck) fails its grab
     with a SourceError, so the capture thread's retry logic handles it like any broken source.
 
-    The copy runs on the pool's own stream, created *blocking*, so it is ordered after the NVDEC conversion that
-    PyNvVideoCodec queues on the legacy default stream; the lanes' streams are non-blocking and do not wait for it."""
+    The copy runs on the decoder's stream (`stream`, owned by the source), so it is ordered after NVDEC's colour
+    conversion of the frame; the lanes' streams are non-blocking and neither wait for it nor hold it up."""
 
     MAX_BUFFERS = 8
 
-    def __init__(self, label: str, nbytes: int, runtime: Any) -> None:
+    def __init__(self, label: str, nbytes: int, runtime: Any, stream: Any) -> None:
         self.label, self.nbytes = label, nbytes
         self._runtime = runtime
         self._lock = threading.Lock()
         self._free: list[int] = []
         self._count = 0
         self._closed = False
-        self._stream = self._cuda("cudaStreamCreate (frame copies)", runtime.cudaStreamCreate())
+        self._stream = stream
 
     def acquire(self) -> int:
         with self._lock:
@@ -270,7 +285,6 @@ class DevicePool:
             self._count -= len(idle)
         for buffer in idle:
             self._free_device(buffer)
-        self._cuda("cudaStreamDestroy (frame copies)", self._runtime.cudaStreamDestroy(self._stream))
 
     def _free_device(self, buffer: int) -> None:
         try:
