@@ -344,3 +344,22 @@ def test_cuda_arena_sharing_degrades_with_a_warning_without_cuda(caplog: pytest.
     with caplog.at_level("WARNING"):
         assert share_cuda_arena(ort) is False
     assert "each keeps its own" in caplog.text
+
+
+def test_a_batch_is_formed_when_a_lane_frees_up_and_takes_all_that_waited(  # type: ignore[no-untyped-def]
+        make_backend, crops, reference, models) -> None:
+    """Triton-style: requests that arrive while the only lane is busy are not cut into small batches queued behind
+    it; the next batch, formed when the lane frees up, takes all of them."""
+    backend = GatedBackend(make_backend())
+    model = BatchedModel(backend, "emotion", max_batch=32, max_delay_ms=0.0, lanes=1)
+    models.append(model)
+    first = model.submit(crops[0])
+    assert backend.entered.wait(WAIT_S)  # batch [0] is running (held at the gate)
+    waiting = [model.submit(crop) for crop in crops[1:11]]
+    time.sleep(0.1)  # requests arriving in two waves: a collector cutting batches early would make two of them
+    waiting += [model.submit(crop) for crop in crops[11:21]]
+    time.sleep(0.1)
+    backend.gate.set()
+    np.testing.assert_allclose(first.result(timeout=WAIT_S)["probs"], reference[0], atol=1e-5)
+    np.testing.assert_allclose(_results(waiting), reference[1:21], atol=1e-5)
+    assert list(model.stats.batch_sizes) == [1, 20]
