@@ -199,7 +199,8 @@ def summarize(config: AppConfig) -> str:
                  f"emotion {config.emotion.model} (crop {config.emotion.crop})")
     inference = config.inference
     lines.append(f"inference: {inference.backend} on {inference.device}, {inference.precision}, "
-                 f"max_batch {inference.max_batch}, lanes {inference.lanes}")
+                 f"max_batch {inference.max_batch}, lanes {inference.lanes}, "
+                 f"frame path {'graph' if inference.graph_frames else 'opencv'}")
     lines.append("outputs: " + ("; ".join(o.describe() for o in config.outputs) or "none"))
     server = config.server
     if server.enabled:
