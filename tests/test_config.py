@@ -84,7 +84,7 @@ def test_gpu_example_substitutes_environment() -> None:
     assert config.cameras[0].source_kind == "rtsp"
     assert config.server.token == "tok-123"
     assert (config.inference.device, config.inference.precision, config.inference.max_batch) == ("cuda", "fp16", 64)
-    assert config.inference.lanes == 2
+    assert config.inference.lanes == 1 and config.inference.graph_frames  # the frame graphs path: one lane
 
 
 def test_kiosk_example_hints() -> None:
