@@ -245,3 +245,29 @@ def test_nvdec_frame_buffers_are_reused_and_bounded() -> None:
         assert source.retrieve().ptr in pointers
     finally:
         source.close()
+
+
+@pytest.mark.slow
+def test_daemon_runs_on_the_frame_graphs_path(prepared_models: None, tmp_path: Path) -> None:
+    """`run` with frame_path graph (on the CPU here) on a real video: faces, emotions and commands as on the OpenCV
+    path, with the graph path's stage times in each observation."""
+    import json
+
+    from tests.conftest import run_cli
+
+    video = data_path("video", "woman_short.mp4")
+    config = tmp_path / "config.yaml"
+    config.write_text(f"cameras:\n  - {{name: lobby, source: {video}, fps: 10, loop: true}}\n"
+                      "detector: {input_size: [320, 192]}\n"
+                      "inference: {frame_path: graph}\n"
+                      "behavior: {dwell_ms: 300, cooldown_ms: 800}\n"
+                      "server: {enabled: false}\n")
+    done = run_cli("run", "--config", str(config), "--duration", "8")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "frame_path=graph" in done.stderr  # the models' log line at start
+    events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    observations = [e for e in events if e["type"] == "observation"]
+    with_faces = [o for o in observations if o["faces"]]
+    assert len(observations) >= 15 and len(with_faces) >= 0.8 * len(observations)
+    assert {"detect", "crop", "emotion", "queue"} <= set(with_faces[-1]["latency_ms"])
+    assert any(e["type"] == "command" for e in events), "no command in 8 s of a smiling face"

@@ -148,12 +148,13 @@ def _camera_status(cam: CameraView) -> dict[str, Any]:
 
 
 def _models_status(snapshot: DaemonSnapshot) -> dict[str, Any]:
-    """By role: the detector (with its input size) and the emotion model."""
+    """By role: the detector (with its input size) and the emotion model; on the frame graphs path one `frames`
+    model (both graphs, with the detector's input size)."""
     cfg = snapshot.cfg
     models: dict[str, Any] = {}
     for model in snapshot.models:
         models[model.role] = _model_status(model, cfg.inference)
-        if model.role == "detector":
+        if model.role in ("detector", "frames"):
             models[model.role]["input_size"] = list(cfg.detector.input_size)
     return models
 
