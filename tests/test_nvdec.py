@@ -86,6 +86,7 @@ def test_gpu_requested_but_unavailable_is_a_clear_source_error() -> None:
 # ---------------------------------------------------------------- NVDEC itself (GPU machine)
 
 
+@pytest.mark.gpu
 @needs_nvdec
 def test_nvdec_frames_match_ffmpeg_on_the_cpu() -> None:
     video = data_path("video", "woman2.mp4")
@@ -103,6 +104,7 @@ def test_nvdec_frames_match_ffmpeg_on_the_cpu() -> None:
         assert difference.mean() < 3.0, difference.mean()  # YUV→BGR conversions differ by rounding only
 
 
+@pytest.mark.gpu
 @needs_nvdec
 def test_nvdec_file_ends_or_loops_on_one_decoder() -> None:
     video = data_path("video", "woman_short.mp4")
@@ -128,6 +130,7 @@ def test_nvdec_file_ends_or_loops_on_one_decoder() -> None:
         looping.close()
 
 
+@pytest.mark.gpu
 @needs_nvdec
 def test_faces_and_emotions_agree_with_cpu_decoding(perception: object) -> None:
     video = data_path("video", "woman2.mp4")

@@ -1,7 +1,7 @@
 """BehaviorMapper: turns observations into calm avatar commands.
 
-Pure logic over observations; time comes from each observation's capture timestamp (`t_mono`), so tests drive it with
-prepared observations and no real clock.
+Pure logic over observations; time comes from each observation's capture timestamp (`t_mono`), and from the `now`
+handed to `tick`, so tests drive it with prepared observations and times and no real clock.
 
 **Attention** (`behavior.attention`) picks the targets of one observation. `largest` and `center` pick one face (its
 track id is the target) and are sticky: another face takes over only when it is `STICKINESS` times larger (area) or
@@ -26,7 +26,11 @@ has dwelt long enough fires at the first observation where S is gone, if it is s
 and nothing qualifies, the avatar keeps S until some emotion qualifies; S coming back later is not re-sent.
 
 **Idle.** After `idle_after_s` without any face on a camera, one `neutral` command (`reason: idle`, target None) is
-sent and the camera's targets are forgotten, so a returning face is answered afresh.
+sent and the camera's targets are forgotten, so a returning face is answered afresh. Idle is a matter of time, not of
+observations: a camera that ended, stalled or dropped out sends none, so the daemon also calls `tick(now, wall)`
+on its own clock, which sends the idle command of every camera whose last face is `idle_after_s` old. A camera that
+leaves `streaming` is reported with `camera_left`: its targets are forgotten at once (their faces are gone), and
+the idle command follows `idle_after_s` after the last face, as for a camera that shows an empty room.
 """
 
 from __future__ import annotations
@@ -124,18 +128,47 @@ class BehaviorMapper:
         if (now - state.last_command) * 1000.0 < self.cfg.cooldown_ms:
             return None
         state.shown, state.last_command = emotion, now
-        return self._command(obs, target, emotion, _probability(scores, emotion), "emotion")
+        return self._command(obs.camera, obs.t_wall, obs.t_mono, target, emotion, _probability(scores, emotion),
+                             "emotion")
+
+    def tick(self, now: float, wall: float) -> list[Command]:
+        """Advance on time alone (`now` monotonic, `wall` Unix seconds): the idle command of every camera whose last
+        face is `idle_after_s` old. Observations alone cannot do it: a camera that ended or dropped out sends none,
+        and the avatar would keep its last expression forever."""
+        commands = []
+        for name, camera in self._cameras.items():
+            if self._idle_due(camera, now):
+                commands.append(self._go_idle(name, camera, now, wall))
+        return commands
+
+    def camera_left(self, camera_name: str) -> None:
+        """The camera stopped streaming (ended, stalled, reconnecting, stopped): its faces are gone, so its targets
+        are forgotten now; the idle command still follows `idle_after_s` after the last face (see `tick`)."""
+        camera = self._cameras.get(camera_name)
+        if camera is not None:
+            camera.focus = None
+        self._forget_targets(camera_name)
 
     def _maybe_idle(self, obs: Observation, camera: _CameraState) -> list[Command]:
         """After `idle_after_s` without faces, return the avatar to neutral once."""
+        if not self._idle_due(camera, obs.t_mono):
+            return []
+        return [self._go_idle(obs.camera, camera, obs.t_mono, obs.t_wall)]
+
+    def _idle_due(self, camera: _CameraState, now: float) -> bool:
         if self.cfg.idle_after_s <= 0 or camera.idle_sent or camera.last_face_seen is None:
-            return []
-        if obs.t_mono - camera.last_face_seen < self.cfg.idle_after_s:
-            return []
+            return False
+        return now - camera.last_face_seen >= self.cfg.idle_after_s
+
+    def _go_idle(self, camera_name: str, camera: _CameraState, t_mono: float, t_wall: float) -> Command:
+        """One neutral command; the camera's targets are forgotten so a returning face is answered afresh."""
         camera.idle_sent, camera.focus = True, None
-        for key in [k for k in self._targets if k[0] == obs.camera]:
+        self._forget_targets(camera_name)
+        return self._command(camera_name, t_wall, t_mono, None, "neutral", 1.0, "idle")
+
+    def _forget_targets(self, camera_name: str) -> None:
+        for key in [k for k in self._targets if k[0] == camera_name]:
             del self._targets[key]
-        return [self._command(obs, None, "neutral", 1.0, "idle")]
 
     def _forget_stale(self, camera_name: str, camera: _CameraState, now: float) -> None:
         """Drop the state of targets (tracks) not seen for FORGET_AFTER_S; checked at most once a second."""
@@ -145,12 +178,13 @@ class BehaviorMapper:
         for key in [k for k, s in self._targets.items() if k[0] == camera_name and now - s.last_seen > FORGET_AFTER_S]:
             del self._targets[key]
 
-    def _command(self, obs: Observation, target: int | None, emotion: str, confidence: float, reason: str) -> Command:
+    def _command(self, camera: str, t_wall: float, t_mono: float, target: int | None, emotion: str,
+                 confidence: float, reason: str) -> Command:
         rule = self.cfg.rule_for(emotion)
         expression = Expression(rule.expression.preset, rule.expression.weight, rule.expression.blend_ms)
         tone = Tone(rule.tone.style, rule.tone.pitch, rule.tone.rate, rule.tone.volume, rule.tone.style_degree)
-        return Command(obs.camera, obs.t_wall, target, emotion, round(confidence, 4), expression, tone,
-                       t_mono=obs.t_mono, reason=reason)
+        return Command(camera, t_wall, target, emotion, round(confidence, 4), expression, tone, t_mono=t_mono,
+                       reason=reason)
 
 
 def room_scores(faces: tuple[FaceResult, ...] | list[FaceResult]) -> EmotionScores:

@@ -109,6 +109,17 @@ def default_rules() -> dict[str, RuleConfig]:
     }
 
 
+def _over_default(default: RuleConfig, given: dict[str, object]) -> dict[str, object]:
+    """`given` laid over `default` part by part and field by field: what the rule names wins, the rest is the
+    built-in rule's. A part that is not a mapping is left as written, for validation to report."""
+    merged = dict(given)
+    for part in ("expression", "tone"):
+        fields = given.get(part, {})
+        if isinstance(fields, dict):
+            merged[part] = {**getattr(default, part).model_dump(), **fields}
+    return merged
+
+
 def _check_emotion(name: str) -> str:
     if name not in EMOTIONS:
         raise ValueError(f"unknown emotion {name!r} (allowed: {', '.join(EMOTIONS)})")
@@ -138,8 +149,21 @@ class BehaviorConfig(StrictModel):
                                                        "command; 0 disables it.")
     rules: dict[Annotated[str, AfterValidator(_check_emotion)], RuleConfig] = Field(
         default_factory=default_rules,
-        description="Rule per canonical emotion; an emotion given here replaces that emotion's built-in rule "
-                    "as a whole, the others keep theirs.")
+        description="Rule per canonical emotion; a rule overrides only what it names (e.g. `sad: {tone: "
+                    "{rate: -20%}}` keeps sad's expression and the rest of its tone), the rest and the emotions "
+                    "not given keep their built-in rules.")
+
+    @field_validator("rules", mode="before")
+    @classmethod
+    def _rules_over_defaults(cls, value: object) -> object:
+        """An operator who wants a calmer voice for sadness should not have to restate its expression: each rule
+        given as a mapping is laid over the built-in rule of its emotion before it is validated."""
+        if not isinstance(value, dict):
+            return value
+        defaults = default_rules()
+        return {emotion: _over_default(defaults[emotion], rule)
+                if isinstance(rule, dict) and emotion in defaults else rule
+                for emotion, rule in value.items()}
 
     @field_validator("rules")
     @classmethod

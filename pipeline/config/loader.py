@@ -118,14 +118,45 @@ def read_config_text(path: Path) -> str:
         raise ConfigError([ConfigIssue(name, line, "", message)]) from None
 
 
+_INDENT_MISMATCH = ("the indentation of this line does not match the lines above it: keys of one section start in "
+                    "the same column, and what belongs to a key is indented further than the key")
+_LIST_ITEM_MISPLACED = ("this list item ('- ') is not indented like the lines above it: the '-' of every item of one "
+                        "list starts in the same column, under a key that ends with ':'")
+_MAPPING_VALUE_HINT = ("; this line is probably indented further than the line above it, or the line above lacks "
+                       "the ':' after its key, or a value that contains ': ' needs quotes")
+_MISSING_COLON = "this line has a key without its ':' (write `key: value`), or its indentation is wrong"
+
+
+def _plain_problem(problem: str) -> tuple[str, bool] | None:
+    """PyYAML's wording for the usual mistakes (mostly indentation) in an operator's words, and whether the mark to
+    report is the one of the context (the line the mistake is on) rather than where the parser gave up.
+
+    An operator cannot act on `expected <block end>, but found '<block mapping start>'`; they can on "this line is
+    not indented like the lines above it". None: PyYAML's own wording is the best there is."""
+    if problem.startswith("expected <block end>"):
+        found = problem.rpartition("found ")[2]
+        return (_LIST_ITEM_MISPLACED if found in ("'-'", "'<block sequence start>'") else _INDENT_MISMATCH), False
+    if problem == "mapping values are not allowed here":
+        return problem + _MAPPING_VALUE_HINT, False
+    if problem == "could not find expected ':'":
+        return _MISSING_COLON, True
+    return None
+
+
 def _syntax_issue(exc: yaml.YAMLError, filename: str) -> ConfigIssue:
-    """One issue for a YAML syntax error, at the line PyYAML points to."""
+    """One issue for a YAML syntax error, at the line the mistake is most likely on, in plain words where we can."""
     if not isinstance(exc, yaml.MarkedYAMLError):
         return ConfigIssue(filename, None, "", f"YAML error: {exc}")
     problem = exc.problem or "invalid YAML"
     mark = exc.problem_mark or exc.context_mark
     if "<stream end>" in problem and exc.context_mark:
         mark = exc.context_mark  # an unclosed bracket or quote: point where it opened, not past the last line
+    plain = _plain_problem(problem)
+    if plain is not None:
+        text, at_context = plain
+        if at_context and exc.context_mark:
+            mark = exc.context_mark
+        return ConfigIssue(filename, mark.line + 1 if mark else None, "", f"YAML syntax error: {text}")
     message = f"YAML syntax error: {problem}"
     if exc.context:
         context_line = f" at line {exc.context_mark.line + 1}" if exc.context_mark else ""

