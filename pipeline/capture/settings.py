@@ -1,23 +1,26 @@
 """The `cameras:` section: one model per camera, owned by the capture wing that reads it.
 
 Checked here so capture can trust what it is given: names fit URLs and metric labels, sources are of a kind the
-capture code can open (a URL without a known scheme is refused rather than retried forever as a file path).
+capture code can open (a URL without a known scheme, or one that lost its `rtsp://`, is refused rather than
+retried forever as a file path, printing its password on every retry).
 """
 
 from __future__ import annotations
 
 import re
 from typing import Annotated, Literal
-from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
+from pipeline.core.redact import mask_secrets, split_userinfo
 from pipeline.core.settings import ConfigValueError, StrictModel
 
 SourceKind = Literal["index", "demo", "device", "rtsp", "http", "file"]
 
 _CAMERA_NAME = re.compile(r"^[a-z0-9_-]{1,64}$")
 _URL_SCHEMES = {"rtsp": "rtsp", "rtsps": "rtsp", "http": "http", "https": "http"}
+_HOST = re.compile(r"\[[^\]]*\]|[^/?#:]*")
+_HOST_PORT = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):\d{1,5}(?:[/?#]|$)")
 
 
 class ReconnectConfig(StrictModel):
@@ -54,16 +57,38 @@ def _normalize_source(value: object) -> str | int:
             raise ValueError("a camera index must be 0 or more")
         return value
     if "://" in value:
-        scheme = value.split("://", 1)[0].lower()
-        if scheme not in _URL_SCHEMES:
-            raise ValueError(f"unsupported URL scheme {scheme!r}: use rtsp://, rtsps://, http:// or https://")
-        try:
-            host = urlsplit(value).hostname
-        except ValueError:
-            host = None
-        if not host:
-            raise ValueError("URL has no host (expected e.g. rtsp://user:pass@10.0.0.5/stream1)")
+        _check_url(value)
+    elif _looks_like_url(value):
+        raise ConfigValueError("looks like a camera URL without its scheme: write rtsp:// (or http:// for an HTTP "
+                               "camera) in front of it; a video file named like this: start it with ./",
+                               value=mask_secrets("rtsp://" + value).removeprefix("rtsp://"))
     return value
+
+
+def _check_url(value: str) -> None:
+    """A stream URL the capture code can open, with its password found by the rule of `core.redact`."""
+    if any(c.isspace() for c in value):  # masking cannot tell where such a URL ends: echo nothing
+        raise ConfigValueError("a URL cannot contain spaces: write a space in a password as %20")
+    scheme = value.split("://", 1)[0].lower()
+    if scheme not in _URL_SCHEMES:
+        raise ValueError(f"unsupported URL scheme {scheme!r}: use rtsp://, rtsps://, http:// or https://")
+    parts = split_userinfo(value)
+    if parts is None and split_userinfo(value, include_query=True) is not None:
+        raise ConfigValueError("the password seems to contain '?', which starts a URL's query: write it as %3F "
+                               "(or, if the '@' belongs to the query, write that '@' as %40)",
+                               value=mask_secrets(value))
+    rest = parts.rest if parts is not None else value.split("://", 1)[1]
+    host = _HOST.match(rest)
+    if host is None or not host.group():
+        raise ValueError("URL has no host (expected e.g. rtsp://user:pass@10.0.0.5/stream1)")
+
+
+def _looks_like_url(value: str) -> bool:
+    """`admin:pw@10.0.0.5/…` or `10.0.0.5:554/…`: a camera URL that lost its `rtsp://`, not a file path."""
+    if value.startswith(("/", ".", "~")):
+        return False
+    parts = split_userinfo("rtsp://" + value, include_query=True)
+    return (parts is not None and parts.password is not None) or bool(_HOST_PORT.match(value))
 
 
 class CameraConfig(StrictModel):

@@ -24,7 +24,7 @@ from pipeline.capture.source_base import (
     VideoSource,
     pacer_for,
 )
-from pipeline.core.redact import mask_secrets
+from pipeline.core.redact import mask_secrets, url_for_opening
 
 if TYPE_CHECKING:
     from pipeline.capture.settings import CameraConfig
@@ -181,7 +181,8 @@ def configure_ffmpeg(rtsp_transport: str) -> None:
     os.environ["OPENCV_FFMPEG_CAPTURE_OPTIONS"] = f"rtsp_transport;{rtsp_transport}"
 
 
-def _stream_source(cfg: CameraConfig, url: str, stall_s: float) -> VideoSource:
+def _stream_source(cfg: CameraConfig, url: str, stall_s: float, label: str) -> VideoSource:
+    """FFmpeg on a stream URL (`url` as FFmpeg must get it); `label` is what errors and events may show."""
     if url.startswith(("rtsp://", "rtsps://")) and "OPENCV_FFMPEG_CAPTURE_OPTIONS" not in os.environ:
         log.warning("configure_ffmpeg() was not called: FFmpeg picks the RTSP transport itself")
     # The read timeout is a backstop past stall_s: the capture thread declares the stall itself, on time.
@@ -191,8 +192,8 @@ def _stream_source(cfg: CameraConfig, url: str, stall_s: float) -> VideoSource:
     cap = cv2.VideoCapture(url, cv2.CAP_FFMPEG, params)
     if not cap.isOpened():
         cap.release()
-        raise SourceError(f"cannot connect to {mask_secrets(url)} (host down, wrong path or credentials)")
-    return OpenCvSource(cap, mask_secrets(url))
+        raise SourceError(f"cannot connect to {label} (host down, wrong path or credentials)")
+    return OpenCvSource(cap, label)
 
 
 def open_source(cfg: CameraConfig, gpu_active: bool = False, device_frames: bool = False) -> VideoSource:
@@ -210,9 +211,12 @@ def open_source(cfg: CameraConfig, gpu_active: bool = False, device_frames: bool
         if not Path(source).exists():
             raise SourceError(f"{source} does not exist (camera unplugged?)")
         return _usb_source(cfg, source)
-    if source.startswith(STREAM_SCHEMES):
-        return _gpu_source(cfg, source, mask_secrets(source), gpu_active, device_frames) or \
-            _stream_source(cfg, source, cfg.reconnect.stall_s)
+    if source.lower().startswith(STREAM_SCHEMES):
+        # The URL as written is what may be shown (masked); FFmpeg gets the password percent-encoded, so that
+        # `/ @ # :` in it cannot end it early (core.redact has the rule both follow).
+        url, label = url_for_opening(source), mask_secrets(source)
+        return _gpu_source(cfg, url, label, gpu_active, device_frames) or \
+            _stream_source(cfg, url, cfg.reconnect.stall_s, label)
     path = Path(source).expanduser()
     if not path.is_file():
         raise SourceError(f"video file {path} not found")
