@@ -508,3 +508,18 @@ def test_capture_priority_is_lowered_for_the_reader_thread_only() -> None:
     thread.join(5)
     assert seen["delta"] == min(5, 19 - main_before)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main_before
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_backoff_doubles_up_to_its_cap_and_resets(seed: int) -> None:
+    """Each retry's delay lies in [ceiling/2, ceiling] with the ceiling doubling from initial_s to max_s (full
+    jitter), so a backoff that never grew, or grew past the cap, fails here; reset() starts again from initial_s."""
+    import random
+
+    backoff = Backoff(1.0, 30.0, rng=random.Random(seed))
+    ceilings = [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    for ceiling in ceilings:
+        delay = backoff.next_delay()
+        assert ceiling / 2 <= delay <= ceiling, (ceiling, delay)
+    backoff.reset()
+    assert 0.5 <= backoff.next_delay() <= 1.0
