@@ -12,10 +12,12 @@ Everything that reports on the daemon (status, metrics, the status server) reads
 from __future__ import annotations
 
 import logging
+import queue
 import signal
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Iterable
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -26,7 +28,7 @@ from pipeline.capture.sources import open_source
 from pipeline.capture.thread import CaptureThread
 from pipeline.config.app import AppConfig, CameraConfig, ConfigError, load_config
 from pipeline.core.redact import mask_secrets
-from pipeline.core.types import CameraEvent, Frame, Observation
+from pipeline.core.types import CameraEvent, Command, Frame, Observation
 from pipeline.inference.backend import BackendError
 from pipeline.inference.perception import Analyzer
 from pipeline.modelprep.manifest import ManifestError, ModelError
@@ -72,6 +74,8 @@ log = logging.getLogger(__name__)
 reload_log = logging.getLogger("pipeline.service.reload")  # reload lines keep the logger name they always had
 
 OBSERVATION_QUEUE = 256
+MAPPER_WAKE_S = 0.25  # behaviour wakes at least this often without observations (idle is a matter of time)
+LEFT_STREAMING = frozenset({"ended", "stalled", "reconnecting", "stopped"})  # a camera's faces are gone
 TICK_S = 0.2
 STATUS_LOG_S = 60.0
 STATUS_NOTIFY_S = 5.0
@@ -82,6 +86,15 @@ JOIN_TIMEOUT_S = 2.0  # a camera or worker stopped by a reload
 CLOSE_TIMEOUT_S = 2.0  # models and outputs replaced by a reload
 # What a reload may fail with and still leave the running configuration in force, reported as one line each.
 RELOAD_ERRORS = (ModelError, BackendError, ManifestError, ServerStartError, ValueError, OSError)
+
+
+def _startup_signals(replaced: Iterable[object]) -> list[int]:
+    """The signals a replaced start-up handler (run_pipeline.StartupSignals) recorded, taken over by the caller."""
+    for handler in replaced:
+        take = getattr(handler, "take_pending", None)
+        if callable(take):
+            return list(take())
+    return []
 
 
 class Daemon:
@@ -97,6 +110,7 @@ class Daemon:
         self.bus = EventBus([])
         self.cameras: dict[str, Camera] = {}  # replaced, never mutated: other threads iterate it
         self.observations = ObservationQueue(OBSERVATION_QUEUE, self.counters)
+        self._cameras_left: queue.SimpleQueue[str] = queue.SimpleQueue()  # camera events → the behaviour thread
         self.mapper = BehaviorMapper(cfg.behavior)
         self.mapper_heartbeat = time.monotonic()
         self.mapper_thread = threading.Thread(target=self._mapper_loop, name="behavior", daemon=True)
@@ -124,6 +138,8 @@ class Daemon:
         Raises ServerStartError (port in use) or a model error; the caller then calls stop().
         """
         self._install_signals()
+        if self.stop_event.is_set():  # SIGTERM/SIGINT while the process started: start nothing, run() stops at once
+            return
         if self.cfg.server.enabled:
             self.server = self.new_server(self.cfg)
             self.server.start()
@@ -178,6 +194,8 @@ class Daemon:
 
     def _on_camera_event(self, event: CameraEvent) -> None:
         self.bus.publish(camera_event(event))
+        if event.state in LEFT_STREAMING:
+            self._cameras_left.put(event.camera)  # the mapper is the behaviour thread's: it reads this queue
 
     def _on_observation(self, obs: Observation) -> None:
         event = observation_event(obs)
@@ -194,18 +212,25 @@ class Daemon:
         return cam.capture.slot.latest if cam is not None else None
 
     def _mapper_loop(self) -> None:
+        """Behaviour advances on observations and on time: it wakes at least every MAPPER_WAKE_S, so a camera that
+        ended, stalled or dropped out (and sends no observation) still has its avatar return to neutral."""
         while True:
             self.mapper_heartbeat = time.monotonic()
-            obs = self.observations.get(timeout=0.25)
-            if obs is None:
-                if self.stop_event.is_set() and not self._workers_alive():
-                    return
-                continue
-            for command in self.mapper.update(obs):
-                event = command_event(command)
-                self.recent_commands.append(event)
-                self.commands_sent += 1
-                self.bus.publish(event)
+            obs = self.observations.get(timeout=MAPPER_WAKE_S)
+            while not self._cameras_left.empty():
+                self.mapper.camera_left(self._cameras_left.get_nowait())
+            if obs is not None:
+                self._publish_commands(self.mapper.update(obs))
+            self._publish_commands(self.mapper.tick(time.monotonic(), time.time()))
+            if obs is None and self.stop_event.is_set() and not self._workers_alive():
+                return
+
+    def _publish_commands(self, commands: list[Command]) -> None:
+        for command in commands:
+            event = command_event(command)
+            self.recent_commands.append(event)
+            self.commands_sent += 1
+            self.bus.publish(event)
 
     def _workers_alive(self) -> bool:
         return any(cam.worker.is_alive() for cam in self.cameras.values())
@@ -307,9 +332,14 @@ class Daemon:
         def request_reload(_signum: int, _frame: FrameType | None) -> None:
             self._reload_requested.set()
 
-        signal.signal(signal.SIGTERM, request_stop)
-        signal.signal(signal.SIGINT, request_stop)
-        signal.signal(signal.SIGHUP, request_reload)
+        previous = [signal.signal(signal.SIGTERM, request_stop), signal.signal(signal.SIGINT, request_stop),
+                    signal.signal(signal.SIGHUP, request_reload)]
+        # run_pipeline.py's StartupSignals remembered what came before the daemon existed; honour it now
+        for signum in _startup_signals(previous):
+            if signum == signal.SIGHUP:
+                log.info("SIGHUP received before the daemon started: nothing to reload yet, ignored")
+            else:
+                request_stop(signum, None)
 
     # ------------------------------------------------------------------ reload
 

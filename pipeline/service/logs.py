@@ -1,13 +1,53 @@
-"""Logging for operators: text or JSON lines on stderr (stdout carries events), secrets always masked."""
+"""Logging for operators: text or JSON lines on stderr (stdout carries events), secrets always masked.
+
+OpenCV, FFmpeg (inside OpenCV) and ONNX Runtime print straight to file descriptor 2 (`[ WARN:1@0.4] global
+cap_v4l.cpp:914 ...`, `[tcp @ 0x...] Connection refused`, coloured `[W:onnxruntime:...]`). Two measures:
+
+- Their thresholds follow the daemon's level (`_tune_native_levels`): OpenCV through OPENCV_LOG_LEVEL or
+  `cv2.utils.logging.setLogLevel` (an operator's own OPENCV_LOG_LEVEL wins), ONNX Runtime's default logger once it is
+  imported (its sessions already log errors only: pipeline.inference.onnxruntime). FFmpeg's is deliberately left at
+  OpenCV's default (errors): setting OPENCV_FFMPEG_LOGLEVEL makes OpenCV print FFmpeg's messages with `printf`, on
+  stdout, in the middle of the events.
+- With `logging.format: json` only, fd 2 becomes a pipe read by the `native-stderr` thread (`NativeStderr`): each
+  line becomes a record of logger `native` at the level its prefix names (`_native_level`), while our own handler
+  writes to a duplicate of the original stderr. Python's own stray writes to sys.stderr (warnings, a thread's
+  traceback) take the same path, so every line is JSON. Text mode leaves fd 2 alone: its lines are readable as they
+  are, and the capture's cost (a thread, and a crash's last native words lost if the process dies before the thread
+  reads them) buys nothing there.
+"""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import faulthandler
+import fcntl
 import json
 import logging
+import os
+import re
 import sys
+import threading
 import time
+from typing import BinaryIO, TextIO
 
 from pipeline.core.redact import mask_secrets
+
+NATIVE_LOGGER = "native"
+PIPE_BYTES = 1 << 20  # room for bursts while the reader waits for the GIL (the kernel's default is 64 KiB)
+DRAIN_TIMEOUT_S = 2.0  # at exit or a switch to text: how long the reader may take for the lines still in the pipe
+_OPERATOR_OPENCV_LEVEL = os.environ.get("OPENCV_LOG_LEVEL")
+# the daemon's level -> OpenCV's threshold (its INFO and below are for OpenCV's developers; below INFO only if asked
+# for with OPENCV_LOG_LEVEL) and ONNX Runtime's default logger severity (0 verbose ... 4 fatal)
+_OPENCV_THRESHOLD = {"debug": "INFO", "info": "WARNING", "warning": "WARNING", "error": "ERROR"}
+_ORT_SEVERITY = {"debug": 1, "info": 2, "warning": 2, "error": 3}
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_OPENCV_LINE = re.compile(r"^\[\s*(FATAL|ERROR|WARN|INFO|DEBUG|VERBOSE)[:\]]")
+_ORT_LINE = re.compile(r"\[([VIWEF]):onnxruntime:")
+_OPENCV_LEVELS = {"FATAL": logging.CRITICAL, "ERROR": logging.ERROR, "WARN": logging.WARNING, "INFO": logging.INFO,
+                  "DEBUG": logging.DEBUG, "VERBOSE": logging.DEBUG}
+_ORT_LEVELS = {"F": logging.CRITICAL, "E": logging.ERROR, "W": logging.WARNING, "I": logging.INFO, "V": logging.DEBUG}
 
 
 class _MaskingFilter(logging.Filter):
@@ -37,11 +77,126 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
+class _StderrHandler(logging.StreamHandler[TextIO]):
+    """A StreamHandler that stays quiet when stderr itself is gone (closed pipe, journal restarted).
+
+    The default would print a traceback to sys.stderr, which under the JSON capture is the pipe whose lines come
+    back through this handler: one failing write would turn into an endless loop."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if isinstance(sys.exc_info()[1], OSError):
+            return
+        super().handleError(record)
+
+
+def _native_level(line: str) -> int:
+    """The level a native line names: OpenCV `[ WARN:...]`, ONNX Runtime `[W:onnxruntime:...]`; FFmpeg's
+    `[tcp @ 0x...]` carries none and is printed only at its error threshold, but each is the detail of a failure
+    the daemon handles (and reports) itself, so warning; anything else (a stray write) warning too."""
+    match = _OPENCV_LINE.match(line)
+    if match:
+        return _OPENCV_LEVELS[match.group(1)]
+    match = _ORT_LINE.search(line)
+    if match:
+        return _ORT_LEVELS[match.group(1)]
+    return logging.WARNING
+
+
+class NativeStderr:
+    """File descriptor 2 redirected to a pipe whose lines a thread logs as records of logger `native`."""
+
+    def __init__(self) -> None:
+        self._original: TextIO | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        atexit.register(self.release)  # drain the pipe before the interpreter goes (lines written at exit too)
+
+    def original_stream(self) -> TextIO:
+        """The stderr the process was started with, as a stream of its own (fd 2 itself may become the pipe)."""
+        with self._lock:
+            if self._original is None:
+                self._original = os.fdopen(os.dup(2), "w", buffering=1, encoding="utf-8", errors="backslashreplace")
+            return self._original
+
+    def capture(self) -> None:
+        """Start the capture (no-op if running); call after the handler writes to original_stream()."""
+        original = self.original_stream()
+        with self._lock:
+            if self._thread is not None:
+                return
+            read_fd, write_fd = os.pipe()
+            _enlarge_pipe(write_fd)
+            thread = threading.Thread(target=self._pump, args=(os.fdopen(read_fd, "rb"),), name="native-stderr",
+                                      daemon=True)
+            thread.start()
+            sys.stderr.flush()
+            os.dup2(write_fd, 2)
+            os.close(write_fd)
+            self._thread = thread
+        if faulthandler.is_enabled():  # a crash's traceback must not wait in a pipe whose reader dies with it
+            faulthandler.enable(file=original)
+        logging.getLogger(__name__).debug("what OpenCV, FFmpeg and ONNX Runtime print on stderr is logged as %r",
+                                          NATIVE_LOGGER)
+
+    def release(self) -> None:
+        """Give fd 2 back its original file and let the thread log what is still in the pipe."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+            if thread is None or self._original is None:
+                return
+            sys.stderr.flush()
+            os.dup2(self._original.fileno(), 2)  # closes the pipe's write end: the reader reaches its end
+        thread.join(DRAIN_TIMEOUT_S)
+
+    def _pump(self, pipe: BinaryIO) -> None:
+        logger = logging.getLogger(NATIVE_LOGGER)
+        with pipe:
+            for raw in pipe:
+                line = _ANSI.sub("", raw.decode("utf-8", "replace")).rstrip()
+                if not line:
+                    continue
+                try:
+                    logger.log(_native_level(line), "%s", line)
+                except Exception:  # this thread must live on, or fd 2 fills up and blocks every writer
+                    with contextlib.suppress(OSError):
+                        self.original_stream().write(line + "\n")
+
+
+def _enlarge_pipe(fd: int) -> None:
+    """Best effort: a bigger pipe, so a native burst while the reader waits for the GIL does not block the writer."""
+    try:
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
+    except OSError:
+        pass  # over /proc/sys/fs/pipe-max-size: the default size still works
+
+
+def _tune_native_levels(level: str) -> None:
+    """OpenCV and ONNX Runtime print no more than the daemon logs (see the module docstring for FFmpeg)."""
+    if _OPERATOR_OPENCV_LEVEL is None:
+        threshold = _OPENCV_THRESHOLD.get(level, "WARNING")
+        cv2 = sys.modules.get("cv2")
+        cv2_logging = getattr(getattr(cv2, "utils", None), "logging", None)
+        if cv2 is None:
+            os.environ["OPENCV_LOG_LEVEL"] = threshold  # read when cv2 is first imported
+        elif cv2_logging is not None:
+            cv2_logging.setLogLevel(getattr(cv2_logging, f"LOG_LEVEL_{threshold}"))
+    set_severity = getattr(sys.modules.get("onnxruntime"), "set_default_logger_severity", None)
+    if callable(set_severity):
+        set_severity(_ORT_SEVERITY.get(level, 2))
+
+
+_NATIVE = NativeStderr()
+
+
 def setup_logging(level: str = "info", fmt: str = "text") -> None:
-    """(Re)configure the root logger; safe to call again once the config is known."""
-    handler = logging.StreamHandler(sys.stderr)
+    """(Re)configure the root logger; safe to call again once the config is known, and on every reload."""
+    level = level.lower()
+    json_lines = fmt == "json"
+    if not json_lines:
+        _NATIVE.release()  # before the handler moves back to fd 2, which must then be the original stderr again
+    handler = _StderrHandler(_NATIVE.original_stream() if json_lines else sys.stderr)
     handler.addFilter(_MaskingFilter())
-    if fmt == "json":
+    if json_lines:
         handler.setFormatter(_JsonFormatter())
     else:
         formatter = _MaskedTextFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S")
@@ -50,3 +205,6 @@ def setup_logging(level: str = "info", fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    _tune_native_levels(level)
+    if json_lines:
+        _NATIVE.capture()  # after the handler writes to the original stderr: its lines must not come back here

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -184,12 +185,23 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+def _release_startup_signals() -> None:
+    """A one-shot command has no handlers of its own: SIGTERM, SIGHUP and SIGINT get back what they did before
+    run_pipeline.py's StartupSignals, and one that arrived meanwhile is re-raised. `run` leaves them to the daemon."""
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        release = getattr(signal.getsignal(signum), "release", None)
+        if callable(release):
+            release()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["run", *argv]  # `run` is the default subcommand
     args = parser.parse_args(argv)
+    if args.command != "run":
+        _release_startup_signals()
     setup_logging(args.log_level or "info", "text")
     try:
         return COMMANDS[args.command](args)
