@@ -15,7 +15,7 @@ import pytest
 
 ENV = "EMOTION_STRICT_SKIPS"
 ALLOWED_MARKERS = ("gpu", "tensorrt")
-_unexpected: list[str] = []
+UNEXPECTED = pytest.StashKey[list[str]]()  # per session (a pytester session inside a test keeps its own)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -24,15 +24,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     report = outcome.get_result()
     if report.skipped and not any(item.get_closest_marker(name) for name in ALLOWED_MARKERS):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        _unexpected.append(f"{item.nodeid}: {reason}")
+        item.config.stash.setdefault(UNEXPECTED, []).append(f"{item.nodeid}: {reason}")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if os.environ.get(ENV) != "1" or not _unexpected:
+    unexpected = session.config.stash.get(UNEXPECTED, [])
+    if os.environ.get(ENV) != "1" or not unexpected:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        reporter.write_line(f"{ENV}=1: {len(_unexpected)} test(s) skipped without a gpu/tensorrt marker:", red=True)
-        for line in _unexpected:
+        reporter.write_line(f"{ENV}=1: {len(unexpected)} test(s) skipped without a gpu/tensorrt marker:", red=True)
+        for line in unexpected:
             reporter.write_line(f"  {line}", red=True)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
