@@ -1,6 +1,12 @@
 """The Sink role: one output of events, isolated behind its own bounded queue and thread.
 
 A sink that is slow or broken drops (and counts) its own events; it can never stall perception or the other sinks.
+
+Each sink also remembers how its deliveries are going (`Delivery`): failures in a row, since when, and the last
+error (secrets masked). The status documents read it, so a webhook that cannot be reached or an OSC receiver that is
+gone shows up in /healthz and on the status page instead of only as a counter. Logging follows the same runs of
+failures: the first failure of a run is a WARNING, further ones at most one WARNING a minute (a dead receiver behind
+a stream of observations would otherwise write one line per event), and the recovery one INFO line.
 """
 
 from __future__ import annotations
@@ -8,9 +14,12 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, Literal
 
+from pipeline.core.redact import mask_secrets
 from pipeline.core.settings import StrictModel
 from pipeline.outputs.events import Event
 
@@ -18,6 +27,22 @@ log = logging.getLogger(__name__)
 
 EventName = Literal["observation", "command", "camera"]
 ALL_EVENTS: tuple[EventName, ...] = ("observation", "command", "camera")
+FAILURE_LOG_EVERY_S = 60.0  # while a sink keeps failing, at most one WARNING per this many seconds
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """How a sink's deliveries are going, copied in one piece for the status documents.
+
+    failures_in_row: events given up on since the last delivered one; failing_since_mono: when that run of failures
+    began (time.monotonic), None while the last attempt succeeded; last_error / last_error_ts: the most recent
+    failure (masked) and its wall-clock time, kept after a recovery so an operator can see what happened."""
+
+    failures_in_row: int = 0
+    failing_since_mono: float | None = None
+    last_error: str | None = None
+    last_error_ts: float | None = None
+    last_sent_ts: float | None = None
 
 
 class OutputSettings(StrictModel):
@@ -40,6 +65,8 @@ class Sink(ABC):
         self.sent = 0
         self.dropped = 0
         self.failed = 0
+        self._delivery = Delivery()
+        self._next_failure_log = 0.0
         self._queue: queue.Queue[Event | None] = queue.Queue(maxsize=queue_size)
         self._thread = threading.Thread(target=self._loop, name=f"sink-{self.type_name}", daemon=True)
 
@@ -72,11 +99,42 @@ class Sink(ABC):
                 break
             try:
                 self.write(event)
-                self.sent += 1
             except Exception as exc:  # noqa: BLE001 - an output failure must never stop the pipeline
                 self.failed += 1
-                log.warning("output %s: %s", self.type_name, exc)
+                self._failed(exc)
+            else:
+                self.sent += 1
+                self._delivered()
         self.flush_close()
+
+    @property
+    def delivery(self) -> Delivery:
+        """The current delivery state (one immutable value: readers never see half an update)."""
+        return self._delivery
+
+    def _delivered(self) -> None:
+        before = self._delivery
+        if before.failures_in_row:
+            log.info("output %s: delivering again after %d failed event(s)", self.type_name, before.failures_in_row)
+        self._delivery = Delivery(last_error=before.last_error, last_error_ts=before.last_error_ts,
+                                  last_sent_ts=time.time())
+
+    def _failed(self, exc: Exception) -> None:
+        """Record a failed event; log the first of a run at once, then at most once per FAILURE_LOG_EVERY_S."""
+        before, now = self._delivery, time.monotonic()
+        text = mask_secrets(str(exc) or type(exc).__name__)
+        self._delivery = Delivery(failures_in_row=before.failures_in_row + 1,
+                                  failing_since_mono=before.failing_since_mono or now, last_error=text,
+                                  last_error_ts=time.time(), last_sent_ts=before.last_sent_ts)
+        if not before.failures_in_row:
+            log.warning("output %s: %s", self.type_name, text)
+            self._next_failure_log = now + FAILURE_LOG_EVERY_S
+        elif now >= self._next_failure_log:
+            log.warning("output %s: still failing, %d event(s) in a row: %s", self.type_name,
+                        before.failures_in_row + 1, text)
+            self._next_failure_log = now + FAILURE_LOG_EVERY_S
+        else:
+            log.debug("output %s: %s", self.type_name, text)
 
     def open(self) -> None:
         """Acquire sockets, files, clients. Runs before the thread starts."""

@@ -21,16 +21,25 @@ other preset a command has carried since start. So whatever this sink ever set i
 
 Floats are OSC 32-bit floats. UDP has no delivery guarantee and no back-pressure: a send that fails (host
 unresolvable, network down) counts as a failed event and is logged, it never blocks the pipeline.
+
+The socket is a *connected* UDP socket (python-osc's client sends unconnected datagrams), because only then does the
+kernel pass on the receiver host's "port unreachable" answer: when the avatar app is closed, the datagrams sent to
+it are refused, and without this the output would count them as sent forever. The refusal of one datagram arrives
+after it left, so it is read (SO_ERROR) before the next send and that event counts as failed: an OSC target that is
+gone shows up as a failing output in /healthz. A receiver that is merely silent (another host, a firewall that drops)
+cannot be told from a working one over UDP.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
-from pythonosc import osc_bundle_builder, udp_client
+from pythonosc import osc_bundle_builder
 from pythonosc.osc_message_builder import OscMessageBuilder
 
 from pipeline.core.registry import Plugin
@@ -107,6 +116,33 @@ class OscOutput(OutputSettings):
         return self
 
 
+class UdpTarget:
+    """A connected, non-blocking UDP socket to one receiver; `refusal()` tells whether it refused a datagram."""
+
+    def __init__(self, host: str, port: int) -> None:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+        self.where = f"{host}:{port}"
+        self._sock = socket.socket(family, kind, proto)
+        try:
+            self._sock.setblocking(False)
+            self._sock.connect(address)  # UDP: nothing is sent; it fixes the peer so its ICMP errors reach us
+        except OSError:
+            self._sock.close()
+            raise
+
+    def refusal(self) -> str | None:
+        """Why an earlier datagram was refused (read and cleared from the socket), or None."""
+        code = self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        return None if code == 0 else f"{self.where} refused an earlier datagram: {os.strerror(code)}"
+
+    def send(self, content: Any) -> None:
+        """Send one OSC message or bundle (anything with `.dgram`)."""
+        self._sock.send(content.dgram)
+
+    def close(self) -> None:
+        self._sock.close()
+
+
 class OscSink(Sink):
     type_name = "osc"
 
@@ -115,7 +151,7 @@ class OscSink(Sink):
         super().__init__(cfg, cfg.queue_size if queue_size is None else queue_size)
         names = [*VRM_PRESETS, *presets, *getattr(cfg, "presets", ())]
         self.presets: dict[str, None] = dict.fromkeys(names)  # an ordered set
-        self._client: udp_client.SimpleUDPClient | None = None
+        self._client: UdpTarget | None = None
 
     @classmethod
     def from_settings(cls, cfg: Any, **context: Any) -> OscSink:
@@ -129,19 +165,29 @@ class OscSink(Sink):
             log.warning("output osc: cannot reach %s:%d yet (%s); retrying with each event", self.cfg.host,
                         self.cfg.port, exc)
 
-    def _connect(self) -> udp_client.SimpleUDPClient:
+    def _connect(self) -> UdpTarget:
         if self._client is None:
-            self._client = udp_client.SimpleUDPClient(self.cfg.host, self.cfg.port)
+            self._client = UdpTarget(self.cfg.host, self.cfg.port)
         return self._client
 
     def write(self, event: Event) -> None:
-        client = self._connect()
+        """Send the event's datagrams; fail when they cannot leave, or when the receiver refused the previous ones
+        (nothing listens on its port: the app was closed), so a vanished receiver counts as failing."""
         if self.cfg.protocol == "vmc":
-            if event["type"] == "command":
-                client.send(self.vmc_bundle(event))
+            messages = [self.vmc_bundle(event)] if event["type"] == "command" else []
+        else:
+            messages = self.plain_messages(event)
+        if not messages:
             return
-        for message in self.plain_messages(event):
-            client.send(message)
+        try:
+            client = self._connect()
+            refused = client.refusal()
+            for message in messages:
+                client.send(message)
+        except OSError as exc:
+            raise OSError(f"cannot send to {self.cfg.host}:{self.cfg.port}: {exc.strerror or exc}") from exc
+        if refused is not None:
+            raise ConnectionRefusedError(f"{refused} (is the receiver running?)")
 
     def vmc_bundle(self, command: Event) -> Any:
         """One command as one bundle: every known preset's Val (the chosen one at its weight), then Apply."""

@@ -10,7 +10,9 @@ the order they were decided and nothing here touches any other loop (the status 
 Delivery: a 2xx answer is success. A connection error, a timeout or a 5xx answer is retried up to `retries` times,
 waiting `backoff_s`, then twice that, and so on; a 4xx (or a 3xx: redirects are not followed) is the receiver
 refusing this event and is not retried. An event that still failed is counted in `failed` and logged as one line
-without the token or URL credentials; events arriving while the queue is full are counted in `dropped` (base class).
+without the token or URL credentials (that line is also the output's `last_error` in /api/status, and failures in a
+row make the output a /healthz problem: see outputs.base.Delivery); events arriving while the queue is full are
+counted in `dropped` (base class).
 At shutdown, pending retries are cut short: each queued event gets one attempt.
 """
 

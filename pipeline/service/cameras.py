@@ -6,6 +6,7 @@ Kept apart from pipeline.service.daemon so that file stays about wiring and life
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -19,7 +20,16 @@ from pipeline.service.worker import CameraWorker
 if TYPE_CHECKING:
     from pipeline.capture.thread import CaptureThread
     from pipeline.config.app import CameraConfig
-    from pipeline.core.types import Detection, EmotionScores, Frame, Observation
+    from pipeline.core.types import (
+        CameraEvent,
+        Detection,
+        EmotionScores,
+        Frame,
+        Observation,
+    )
+
+# The capture's reconnecting detail is "REASON; retry in 2.0 s": the delay is stale a moment later, the reason is not.
+_RETRY_SUFFIX = re.compile(r";\s*retry in [0-9.]+ s$")
 
 
 class PreviewingWorker(CameraWorker):
@@ -43,6 +53,22 @@ class Camera:
     capture_stop: threading.Event = field(default_factory=threading.Event)
     worker_stop: threading.Event = field(default_factory=threading.Event)
     started_mono: float = field(default_factory=time.monotonic)
+    last_failure: str | None = None  # why the camera last failed (masked), for status; kept after a recovery
+    last_failure_ts: float | None = None
+
+    def note_event(self, event: CameraEvent) -> None:
+        """Remember why the camera failed, from its capture's reconnecting or stalled event (otherwise only logged).
+
+        A stall is followed by a `reconnecting` event whose reason is just "stalled": the stall's own detail says
+        more, so that one is kept."""
+        if event.state not in ("reconnecting", "stalled"):
+            return
+        reason = _RETRY_SUFFIX.sub("", mask_secrets(event.detail)).strip() or event.state
+        if event.state == "stalled":
+            reason = f"stalled: {reason}"
+        elif reason == "stalled" and self.last_failure and self.last_failure.startswith("stalled"):
+            return
+        self.last_failure, self.last_failure_ts = reason, event.ts
 
     def signal_stop(self) -> None:
         self.worker_stop.set()
@@ -77,7 +103,8 @@ class Camera:
             capture_alive=capture.is_alive(), state=capture.state, last_frame_mono=capture.last_frame_mono,
             started_mono=self.started_mono, slot_closed=capture.slot.closed, worker_alive=worker.is_alive(),
             worker_heartbeat=stats.heartbeat, latency_ms=stats.last_latency_ms, stalls_total=capture.stalls.total,
-            busy_skips=stats.skipped_busy, errors=stats.errors)
+            busy_skips=stats.skipped_busy, errors=stats.errors, last_failure=self.last_failure,
+            last_failure_ts=self.last_failure_ts)
 
 
 @dataclass

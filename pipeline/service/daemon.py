@@ -193,6 +193,9 @@ class Daemon:
     # ------------------------------------------------------------------ flow
 
     def _on_camera_event(self, event: CameraEvent) -> None:
+        cam = self.cameras.get(event.camera)
+        if cam is not None:
+            cam.note_event(event)  # keeps the failure reason for the camera's view (status page, /api/status)
         self.bus.publish(camera_event(event))
         if event.state in LEFT_STREAMING:
             self._cameras_left.put(event.camera)  # the mapper is the behaviour thread's: it reads this queue
@@ -260,8 +263,8 @@ class Daemon:
         return tuple(model_view(role, model) for role, model in perception.models())
 
     def _output_views(self) -> tuple[OutputView, ...]:
-        return tuple(OutputView(label, sink.type_name, sink.sent, sink.dropped, sink.failed, sink.is_alive())
-                     for label, sink in label_sinks(self.sinks))
+        return tuple(OutputView(label, sink.type_name, sink.sent, sink.dropped, sink.failed, sink.is_alive(),
+                                sink.delivery) for label, sink in label_sinks(self.sinks))
 
     # ------------------------------------------------------------------ run
 

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pipeline.outputs.base import Delivery
+
 if TYPE_CHECKING:
     from pipeline.capture.stats import CameraHealth
     from pipeline.config.app import AppConfig
@@ -45,6 +47,9 @@ class CameraView:
     stalls_total: int
     busy_skips: int
     errors: int
+    # Why the camera last failed (masked, without the retry delay) and when (Unix time); kept after it recovers.
+    last_failure: str | None = None
+    last_failure_ts: float | None = None
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,8 @@ class ModelView:
 
 @dataclass(frozen=True)
 class OutputView:
-    """One output with its unique label (type, then type-2, type-3 … for repeats) and its counters."""
+    """One output with its unique label (type, then type-2, type-3 … for repeats), its counters and how its
+    deliveries are going (failures in a row, since when, the last error: see outputs.base.Delivery)."""
 
     label: str
     type: str
@@ -71,6 +77,7 @@ class OutputView:
     dropped: int
     failed: int
     alive: bool
+    delivery: Delivery = Delivery()
 
 
 @dataclass(frozen=True)

