@@ -93,7 +93,7 @@ class FrameGraphs:
     """Both graphs for each frame format, built once from the prepared models and shared (serialised) by the lanes."""
 
     def __init__(self, detector_path: Path, classifier_path: Path, detector: DetectorConfig,
-                 classifier: ModelManifest) -> None:
+                 classifier: ModelManifest, halve_in_fp16: bool = False) -> None:
         if classifier.input.size is None:
             raise BackendError(f"emotion model {classifier.name}: manifest input.size is required")
         self._detector_model = onnx.load(str(detector_path))
@@ -102,12 +102,13 @@ class FrameGraphs:
         self._crop_size = classifier.input.size
         self._colour = classifier.input.color
         self._max_faces = max(GRAPH_FACES, detector.max_faces)
+        self._halve_in_fp16 = halve_in_fp16  # the GPU: the letterbox's full-resolution pass in float16 (exact)
         self._built: dict[tuple[str, FrameFormat], bytes] = {}
         self._lock = threading.Lock()
 
     def detector(self, fmt: FrameFormat) -> bytes:
         return self._get("detector", fmt, lambda: detector_frame_graph(
-            self._detector_model, fmt, self._input_size, self._max_faces))
+            self._detector_model, fmt, self._input_size, self._max_faces, self._halve_in_fp16))
 
     def classifier(self, fmt: FrameFormat) -> bytes:
         return self._get("classifier", fmt, lambda: crop_classify_graph(
@@ -315,7 +316,8 @@ def load_frame_perception(detector_path: Path, classifier_path: Path, detector: 
     )
 
     ort = import_ort()
-    graphs = FrameGraphs(detector_path, classifier_path, detector, classifier)
+    graphs = FrameGraphs(detector_path, classifier_path, detector, classifier,
+                         halve_in_fp16=inference.device == "cuda")
     threads = inference.threads
     lanes: list[FrameLane] = []
     if inference.device == "cuda":

@@ -168,18 +168,27 @@ def _linear_nodes(b: _Builder, x: str, source: tuple[int, int], target: tuple[in
     return b.op("Cast", value, to=TensorProto.FLOAT)
 
 
-def _letterbox_nodes(b: _Builder, frames: str, frame: FrameFormat, plan: LetterboxPlan) -> str:
+def _letterbox_nodes(b: _Builder, frames: str, frame: FrameFormat, plan: LetterboxPlan,
+                     halve_in_fp16: bool = False) -> str:
     """Nodes from uint8 NHWC frames to the uint8 NHWC BGR detector input, reproducing letterbox()/shrink().
 
     A 2x2 mean + Floor(x + 0.5) is cv2 INTER_AREA at a factor of exactly 2 for uint8 ((a+b+c+d+2) >> 2, bit-exact).
     For an odd width or height cv2 resamples by areas at a factor slightly above 2 while AveragePool drops the last
     row/column: up to a pixel's shift near the right/bottom edge (no common camera size is odd after halving).
-    The last step is `_linear_nodes` (cv2 INTER_LINEAR, bit-exact)."""
+    The last step is `_linear_nodes` (cv2 INTER_LINEAR, bit-exact).
+
+    `halve_in_fp16` (the GPU): the full-resolution cast and the halvings in float16, half the bytes of the costliest
+    pass, and still exact: a 2x2 sum of uint8 is at most 1020 and its quarters are multiples of 0.25, all of which
+    float16 represents exactly. (ONNX Runtime's CPU provider has no float16 AveragePool, so the CPU keeps float32.)"""
     x = b.op("Transpose", frames, perm=[0, 3, 1, 2])  # on uint8: the float cast below is the one big copy
-    x = b.op("Cast", x, to=TensorProto.FLOAT)
+    half = halve_in_fp16 and plan.halvings > 0
+    dtype = np.float16 if half else np.float32
+    x = b.op("Cast", x, to=TensorProto.FLOAT16 if half else TensorProto.FLOAT)
     for _ in range(plan.halvings):
         x = b.op("AveragePool", x, kernel_shape=[2, 2], strides=[2, 2])
-        x = b.op("Floor", b.op("Add", x, b.const(0.5)))
+        x = b.op("Floor", b.op("Add", x, b.const(0.5, dtype)))
+    if half:
+        x = b.op("Cast", x, to=TensorProto.FLOAT)
     if plan.halved != plan.resized:
         x = _linear_nodes(b, x, plan.halved, plan.resized)
     if frame.order == "rgb":  # the detector was trained on BGR
@@ -352,7 +361,7 @@ def _splice(model: onnx.ModelProto, model_input: str, front: _Builder, fed: str,
 
 
 def detector_frame_graph(detector: onnx.ModelProto, frame: FrameFormat, input_size: tuple[int, int],
-                         max_faces: int = 64) -> onnx.ModelProto:
+                         max_faces: int = 64, halve_in_fp16: bool = False) -> onnx.ModelProto:
     """letterbox → `detector` (a prepared RetinaFace with top candidates, any precision) → decode + NMS.
 
     Inputs: `frames` uint8 [B, H, W, 3] in `frame.order`, `score_threshold` and `iou_threshold` float32 [1].
@@ -369,7 +378,7 @@ def detector_frame_graph(detector: onnx.ModelProto, frame: FrameFormat, input_si
     candidates = _candidate_count(model, plan.input_size)
     faces = min(max_faces, candidates)
     front, back = _Builder("lb"), _Builder("dec")
-    fed = _letterbox_nodes(front, FRAME_INPUT, frame, plan)
+    fed = _letterbox_nodes(front, FRAME_INPUT, frame, plan, halve_in_fp16)
     _decode_nodes(back, plan, candidates, faces)
     inputs = [_frames_info(frame), *(helper.make_tensor_value_info(n, TensorProto.FLOAT, [1])
                                      for n in (SCORE_THRESHOLD, IOU_THRESHOLD))]
