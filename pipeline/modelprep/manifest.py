@@ -95,6 +95,11 @@ class ModelManifest(_Strict):
     fallback_precision: Precision = Field(default="fp16", description="used instead of a refused precision")
     top_candidates: TopCandidatesSpec | None = Field(
         default=None, description="detectors: keep only the best anchors in the graph (see graph_edit.py)")
+    min_agreement: float = Field(
+        gt=0.0, le=1.0,
+        description="the least share of real faces on which an fp16 or int8 variant must agree with fp32 (emotion "
+        "models: the same top emotion per face crop; detectors: the same number of faces per image); prepare-models "
+        "refuses a variant below it, and a prepared variant whose recorded figure is below it is made again")
 
     @property
     def prepared_outputs(self) -> list[str]:

@@ -18,6 +18,7 @@ import warnings
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -36,11 +37,16 @@ from pipeline.modelprep.manifest import (
     ModelError,
     ModelManifest,
     Precision,
+    load_manifest,
 )
 
 log = logging.getLogger(__name__)
 
 CACHE_DIR = MODELS_DIR / "cache"
+# Sidecar key of a variant's lowest agreement with fp32 on a set of real faces (see verify_on_faces).
+FACES_AGREEMENT = "faces_agreement"
+# Without --calib, this detector's fp32 file finds the faces of insightface's sample photos for an emotion model.
+SAMPLE_DETECTOR = "retinaface_mnet025"
 
 
 def sha256_of(data: bytes | Path) -> str:
@@ -158,8 +164,9 @@ def _sample_input(manifest: ModelManifest, batch: int) -> np.ndarray:
 
 
 def verify_model(manifest: ModelManifest, path: Path, reference: Path | None = None) -> dict[str, float]:
-    """Run the file through ONNX Runtime on CPU: it loads, outputs are finite, and (if given) top-1 agrees with
-    `reference` on a random sample. Returns what was checked, for the sidecar."""
+    """Run the file through ONNX Runtime on CPU: it loads, its outputs are named as the manifest says and finite.
+    With a `reference`, the top-1 agreement on a random sample is recorded too, for information only: noise says
+    nothing about faces (`verify_on_faces` is the check that refuses). Returns what was checked, for the sidecar."""
     import onnxruntime as ort
 
     sample = _sample_input(manifest, 4)
@@ -179,6 +186,74 @@ def verify_model(manifest: ModelManifest, path: Path, reference: Path | None = N
         ref = ort.InferenceSession(str(reference), providers=["CPUExecutionProvider"]).run(None, {PREPARED_INPUT: sample})
         checked["top1_agreement_random"] = float(np.mean(np.argmax(ref[0], 1) == np.argmax(outputs[0], 1)))
     return checked
+
+
+def verify_on_faces(manifest: ModelManifest, precision: Precision, path: Path, reference: Path,
+                    calib_dir: Path | None) -> dict[str, float]:
+    """The share of real faces on which the variant `path` gives fp32's answer (emotion models: the same top
+    emotion per face crop; detectors: the same number of faces per image), per set of faces, for the sidecar.
+
+    Raises ModelError, with the figure and the threshold, when a set falls below the manifest's `min_agreement`: a
+    variant that changes what the daemon sees must not be used in its place. The sample faces are always checked,
+    so a calibration folder of the wrong images cannot vouch for the variant it produced."""
+    variant, fp32 = _cpu_session(path), _cpu_session(reference)
+    checks: dict[str, float] = {}
+    for key, source, inputs in _verification_sets(manifest, calib_dir):
+        same = np.equal(_answers(manifest, variant, inputs), _answers(manifest, fp32, inputs))
+        agreement = float(np.mean(same))
+        if agreement < manifest.min_agreement:
+            what = "images" if manifest.role == "detector" else "faces"
+            fix = "calibrate on other face images (--calib DIR), or use fp16 or fp32" if precision == "int8" \
+                else "use fp32"
+            raise ModelError(
+                f"{manifest.name}: the {precision} variant agrees with fp32 on {agreement:.1%} of {len(same)} real "
+                f"{what} ({source}), below the {manifest.min_agreement:.1%} that models/{manifest.name}.yaml "
+                f"requires (min_agreement); it was not written: {fix}")
+        checks[f"{key}_agreement"], checks[f"{key}_checked"] = round(agreement, 4), float(len(same))
+    checks[FACES_AGREEMENT] = min(value for name, value in checks.items() if name.endswith("_agreement"))
+    return checks
+
+
+def _verification_sets(manifest: ModelManifest, calib_dir: Path | None) -> list[tuple[str, str, list[np.ndarray]]]:
+    """(sidecar key, description, real images in the model's input contract as batches of 1) per set: the sample
+    photos' faces, and with `calib_dir` its images that calibration did not use (see quantize's docstring)."""
+    from pipeline.modelprep.quantize import (
+        folder_inputs,
+        model_input,
+        sample_face_crops,
+        sample_photos,
+    )
+
+    if manifest.role == "detector":
+        sample = [model_input(manifest, photo) for photo in sample_photos()]
+        sets = [("sample", "insightface's sample photos, as is and mirrored", sample)]
+    else:
+        detector = load_manifest(SAMPLE_DETECTOR, MODELS_DIR)
+        crops = sample_face_crops(manifest, detector, prepare_model(detector, ["fp32"])[0])
+        sets = [("sample", "the faces in insightface's sample photos, as is and mirrored", crops)]
+    if calib_dir is not None and calib_dir.is_dir():
+        held_out = folder_inputs(manifest, calib_dir)
+        sets.append(("calib", f"images of {calib_dir} that calibration did not use", held_out))
+    return sets
+
+
+def _answers(manifest: ModelManifest, session: Any, inputs: list[np.ndarray]) -> list[int]:
+    """What the daemon takes from a model per input: the top emotion, or how many faces the detector finds."""
+    from pipeline.modelprep.quantize import detect_faces
+
+    if manifest.role == "emotion":
+        probs = session.run(None, {PREPARED_INPUT: np.concatenate(inputs)})[0]
+        return [int(i) for i in np.argmax(probs, axis=1)]
+    return [len(detect_faces(session, manifest, batch)) for batch in inputs]
+
+
+def _cpu_session(path: Path) -> Any:
+    import onnxruntime as ort
+
+    try:
+        return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - ORT raises several unrelated types for a bad file
+        raise ModelError(f"{path.name} does not load in ONNX Runtime: {exc}") from exc
 
 
 def write_sidecar(manifest: ModelManifest, precision: Precision, path: Path, checks: dict[str, float]) -> None:
@@ -219,7 +294,24 @@ def check_prepared(manifest: ModelManifest, precision: Precision) -> Path | None
     if info.get("recipe") != manifest.recipe():
         log.info("%s was prepared by an older prepare-models or from an edited manifest", path.name)
         return None
+    if precision != "fp32" and not _agreement_holds(manifest, path, info):
+        return None
     return path
+
+
+def _agreement_holds(manifest: ModelManifest, path: Path, info: dict[str, object]) -> bool:
+    """Whether a variant's sidecar records an agreement with fp32 on real faces that meets the manifest's
+    `min_agreement` today (a file verified only on noise, or before the threshold was raised, is made again)."""
+    verified = info.get("verified")
+    figure = verified.get(FACES_AGREEMENT) if isinstance(verified, dict) else None
+    if not isinstance(figure, (int, float)):
+        log.info("%s was verified by an older prepare-models (random noise, not faces)", path.name)
+        return False
+    if figure < manifest.min_agreement:
+        log.info("%s agreed with fp32 on %.1f%% of real faces, below min_agreement %.1f%% in models/%s.yaml",
+                 path.name, 100 * figure, 100 * manifest.min_agreement, manifest.name)
+        return False
+    return True
 
 
 def prepare_model(manifest: ModelManifest, precisions: Iterable[Precision], calib_dir: Path | None = None,
@@ -255,11 +347,11 @@ def prepare_model(manifest: ModelManifest, precisions: Iterable[Precision], cali
 
             written = manifest.file_for("int8").with_suffix(".tmp.onnx")
             quantize_int8(manifest, fp32_path, written, calib_dir)
-            _record(manifest, "int8", written, fp32_path)
+            _record(manifest, "int8", written, fp32_path, calib_dir)
         else:
             variant = make_precision_variant(onnx.load(str(fp32_path)), precision,
                                              candidate_node_names(manifest.top_candidates))
-            _save_verified(manifest, precision, variant, fp32_path)
+            _save_verified(manifest, precision, variant, fp32_path, calib_dir)
     return [manifest.file_for(p) for p in wanted]
 
 
@@ -271,18 +363,23 @@ def _needs_prepare(manifest: ModelManifest, precision: Precision) -> bool:
         return True
 
 
-def _save_verified(manifest: ModelManifest, precision: Precision, model: onnx.ModelProto, reference: Path | None) -> None:
+def _save_verified(manifest: ModelManifest, precision: Precision, model: onnx.ModelProto, reference: Path | None,
+                   calib_dir: Path | None = None) -> None:
     """Write to a temporary name, verify, then move into place: a failed variant never lands in models/."""
     path = manifest.file_for(precision)
     tmp = path.with_suffix(".tmp.onnx")
     onnx.save(model, str(tmp))
-    _record(manifest, precision, tmp, reference)
+    _record(manifest, precision, tmp, reference, calib_dir)
 
 
-def _record(manifest: ModelManifest, precision: Precision, written: Path, reference: Path | None) -> None:
+def _record(manifest: ModelManifest, precision: Precision, written: Path, reference: Path | None,
+            calib_dir: Path | None = None) -> None:
+    """Verify `written` (against the fp32 `reference` on real faces, for a variant), then move it into place."""
     path = manifest.file_for(precision)
     try:
         checks = verify_model(manifest, written, reference)
+        if reference is not None:
+            checks.update(verify_on_faces(manifest, precision, written, reference, calib_dir))
     except ModelError:
         written.unlink(missing_ok=True)
         raise

@@ -59,6 +59,7 @@ from pipeline.service.parts import (
     new_tracker,
     open_sinks,
     set_rtsp_transport,
+    warn_if_events_unseen,
 )
 from pipeline.service.preview import PreviewStore
 from pipeline.service.reload import ReloadPlan, enabled_cameras, plan_reload
@@ -140,6 +141,7 @@ class Daemon:
         self._install_signals()
         if self.stop_event.is_set():  # SIGTERM/SIGINT while the process started: start nothing, run() stops at once
             return
+        warn_if_events_unseen(self.cfg, self.config_path)
         if self.cfg.server.enabled:
             self.server = self.new_server(self.cfg)
             self.server.start()

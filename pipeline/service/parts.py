@@ -1,15 +1,19 @@
-"""Builders for the parts of the daemon that a reload may replace: models, outputs, trackers, FFmpeg's RTSP option.
+"""Builders for the parts of the daemon that a reload may replace: models, outputs, trackers, FFmpeg's RTSP option;
+and the start-time check that the configured outputs reach anyone at all.
 
-Each takes explicit settings and returns a new object (or raises, having closed whatever it had opened), so the
-daemon can prepare everything that may fail before it swaps anything in. None of them knows the daemon.
+Each builder takes explicit settings and returns a new object (or raises, having closed whatever it had opened), so
+the daemon can prepare everything that may fail before it swaps anything in. None of them knows the daemon.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from collections import Counter
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
 
 import cv2
 
@@ -29,6 +33,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONFIG_EVENT_OUTPUTS = frozenset({"stdout", "websocket"})  # the JSON outputs also carry `config` events
+# Set (non-empty) in the environment of a process systemd started: INVOCATION_ID for every unit (systemd >= 232),
+# NOTIFY_SOCKET for Type=notify (ours), JOURNAL_STREAM when its stdout or stderr goes to the journal.
+SYSTEMD_VARIABLES = ("INVOCATION_ID", "NOTIFY_SOCKET", "JOURNAL_STREAM")
 
 
 def load_perception(cfg: AppConfig) -> Analyzer:
@@ -102,3 +109,28 @@ def label_sinks(sinks: list[Sink]) -> list[tuple[str, Sink]]:
         n = seen[sink.type_name]
         labels.append((sink.type_name if n == 1 else f"{sink.type_name}-{n}", sink))
     return labels
+
+
+def warn_if_events_unseen(cfg: AppConfig, config_path: Path | None, environ: Mapping[str, str] = os.environ,
+                          stdout: TextIO | None = None) -> bool:
+    """One WARNING when the only output is stdout and the daemon runs under systemd, whose unit discards stdout
+    (`StandardOutput=null`): the status page then shows commands while the avatar gets nothing. Returns whether
+    it warned.
+
+    "Under systemd": one of SYSTEMD_VARIABLES is set and stdout is not a terminal. The terminal test keeps a person
+    quiet whose shell inherited INVOCATION_ID (a desktop terminal that is itself a systemd user service)."""
+    if not cfg.outputs or any(output.type != "stdout" for output in cfg.outputs):
+        return False
+    stream = stdout if stdout is not None else sys.stdout
+    try:
+        terminal = bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        terminal = False
+    found = next((name for name in SYSTEMD_VARIABLES if environ.get(name)), None)
+    if terminal or found is None:
+        return False
+    where = f"outputs: in {config_path}" if config_path is not None else "outputs: in the config"
+    log.warning("the only output is stdout, and this runs under systemd (%s is set, stdout is not a terminal), "
+                "whose unit discards stdout: no event reaches an avatar. Add a websocket, osc or webhook output to "
+                "%s and reload", found, where)
+    return True

@@ -14,20 +14,24 @@ frame read from the preview store. Anything that takes a lock or draws pixels ru
 | GET /preview/ws | WebSocket of annotated JPEGs: binary messages `camera name \\n JPEG bytes`, at most preview_fps |
 | GET /preview/{camera}.jpg | the newest annotated JPEG of one camera |
 
-With `server.token` set, every path but /healthz needs `Authorization: Bearer TOKEN` or `?token=TOKEN` (browsers
-cannot put a header on a page, an <img> or a WebSocket, so the status page passes its own `?token=` along).
+With `server.token` set, every path but /healthz needs `Authorization: Bearer TOKEN` or `?token=TOKEN`. A browser
+that opens / without it gets the token page (static/login.html, still a 401) instead of a JSON 401, which API clients
+keep getting. That page keeps the token in the tab's sessionStorage and fetches the status page with the header; the
+status page comes with its script and styles inlined (a <script src> cannot carry a header) and sends the token as
+the Authorization header, or to /preview/ws as the WebSocket subprotocol `emotion-pipeline.token.<base64url>`, the
+one header a browser lets a page set on a WebSocket: never in a URL, where history, proxies and screenshots keep it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import errno
 import hmac
-import html
 import logging
 import threading
-import urllib.parse
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -51,6 +55,10 @@ START_TIMEOUT_S = 10.0
 SHUTDOWN_S = 0.5
 PREVIEW_SEND_TIMEOUT_S = 5.0
 NO_CACHE = {"Cache-Control": "no-store"}
+UNAUTHORIZED = {"WWW-Authenticate": 'Bearer realm="emotion-pipeline"', **NO_CACHE}
+# The status page's WebSocket subprotocols (static/app.js): the one the server selects, and the token's prefix.
+PREVIEW_PROTOCOL = "emotion-pipeline.preview"
+TOKEN_PROTOCOL = "emotion-pipeline.token."
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -168,13 +176,13 @@ class StatusServer:
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         token = self.cfg.token
         if token and request.path != "/healthz":
-            given = request.query.get("token", "")
-            header = request.headers.get("Authorization", "")
-            if header.lower().startswith("bearer "):
-                given = header[7:].strip()
+            given = _given_token(request)
             if not given or not hmac.compare_digest(given.encode(), token.encode()):
+                if request.path == "/" and "text/html" in request.headers.get("Accept", ""):
+                    page = (STATIC_DIR / "login.html").read_text(encoding="utf-8")
+                    return web.Response(text=page, status=401, content_type="text/html", headers=UNAUTHORIZED)
                 return web.json_response({"error": "unauthorized: send Authorization: Bearer TOKEN (or ?token=)"},
-                                         status=401, headers={"WWW-Authenticate": 'Bearer realm="emotion-pipeline"'})
+                                         status=401, headers=UNAUTHORIZED)
         return await handler(request)
 
     async def _in_pool(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -203,11 +211,9 @@ class StatusServer:
         return web.json_response(await self._in_pool(self._status_document), headers=NO_CACHE)
 
     async def _index(self, request: web.Request) -> web.Response:
-        """The page; with a token, its own assets are linked with `?token=` too (a browser sends no header)."""
-        token = request.query.get("token") if self.cfg.token else None
-        query = html.escape("?token=" + urllib.parse.quote(token, safe="")) if token else ""
-        page = (STATIC_DIR / "index.html").read_text(encoding="utf-8").replace("__QUERY__", query)
-        return web.Response(text=page, content_type="text/html", headers=NO_CACHE)
+        """The page, its script and styles inlined: the token page fetches it with the Authorization header, and a
+        <script src> or <link href> in it could not send one."""
+        return web.Response(text=status_page(), content_type="text/html", headers=NO_CACHE)
 
     async def _preview_jpeg(self, request: web.Request) -> web.Response:
         name = request.match_info["camera"]
@@ -221,11 +227,14 @@ class StatusServer:
         return web.Response(body=rendered.jpeg, content_type="image/jpeg", headers=NO_CACHE)
 
     async def _preview_ws(self, request: web.Request) -> web.StreamResponse:
-        """Annotated JPEGs of every camera (or `?cameras=a,b`), each at most preview_fps, skipping repeats."""
+        """Annotated JPEGs of every camera (or `?cameras=a,b`), each at most preview_fps, skipping repeats.
+
+        Selects PREVIEW_PROTOCOL when the page offers it (with its token): a browser drops a WebSocket whose
+        server selects none of the subprotocols it offered."""
         if self._previews.fps <= 0:
             return web.json_response({"error": "previews are disabled (server.preview_fps: 0)"}, status=404)
         wanted = {c for c in request.query.get("cameras", "").split(",") if c}
-        ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=4096)
+        ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=4096, protocols=(PREVIEW_PROTOCOL,))
         await ws.prepare(request)
         sender = asyncio.get_running_loop().create_task(self._send_previews(ws, wanted))
         try:
@@ -265,6 +274,31 @@ class StatusServer:
             if closing.is_set() and not ws.closed:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(ws.close(code=1001, message=b"server shutting down"), SHUTDOWN_S)
+
+
+def _given_token(request: web.Request) -> str:
+    """The token a request carries: `Authorization: Bearer`, else the status page's WebSocket subprotocol, else
+    `?token=` (scripts and old links); "" when none."""
+    header = request.headers.get("Authorization", "")
+    if header.lower().startswith("bearer "):
+        return header[7:].strip()
+    for offered in request.headers.get("Sec-WebSocket-Protocol", "").split(","):
+        offered = offered.strip()
+        if offered.startswith(TOKEN_PROTOCOL):
+            encoded = offered[len(TOKEN_PROTOCOL):]
+            try:
+                return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+            except (binascii.Error, UnicodeDecodeError):
+                return ""
+    return request.query.get("token", "")
+
+
+def status_page() -> str:
+    """static/index.html with static/style.css and static/app.js inlined (read per request, like the files)."""
+    page = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
+    style = (STATIC_DIR / "style.css").read_text(encoding="utf-8")
+    script = (STATIC_DIR / "app.js").read_text(encoding="utf-8").replace("</", "<\\/")  # cannot end the element
+    return page.replace("__STYLE__", style).replace("__SCRIPT__", script)
 
 
 def _bind_message(host: str, port: int, exc: BaseException) -> str:

@@ -1,15 +1,36 @@
 // Status page: polls /api/status once a second; annotated previews arrive as JPEGs over /preview/ws.
+// With server.token set, the token lives in this tab's sessionStorage (login.html puts it there) and travels as an
+// Authorization header (fetch) or a WebSocket subprotocol (the one header a browser lets a page set on one), never
+// in a URL: an old `?token=` link is moved into sessionStorage and taken out of the address bar.
 "use strict";
 
-const token = new URLSearchParams(location.search).get("token");
-const query = token ? "?token=" + encodeURIComponent(token) : "";
+const TOKEN_KEY = "emotion-pipeline.token";
+const PREVIEW_PROTOCOL = "emotion-pipeline.preview";
+const TOKEN_PROTOCOL = "emotion-pipeline.token.";
+const tokenInUrl = new URLSearchParams(location.search).get("token");
+if (tokenInUrl) {
+  sessionStorage.setItem(TOKEN_KEY, tokenInUrl);
+  history.replaceState(null, "", location.pathname);
+}
+const token = sessionStorage.getItem(TOKEN_KEY);
 const headers = token ? { Authorization: "Bearer " + token } : {};
 const tiles = new Map(); // camera name -> {root, img, frame, state, quality, figures}
 const $ = (selector) => document.querySelector(selector);
 
+// The token as a WebSocket subprotocol: base64url (letters, digits, - and _ are all a subprotocol may contain).
+function tokenProtocol(value) {
+  const bytes = String.fromCharCode(...new TextEncoder().encode(value));
+  return TOKEN_PROTOCOL + btoa(bytes).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+}
+
+// The footer's JSON links need the header too: fetch them and show what came back in a new tab.
 for (const id of ["link-status", "link-metrics"]) {
-  const link = document.getElementById(id);
-  link.href += query;
+  document.getElementById(id).addEventListener("click", async (event) => {
+    if (!token) return;
+    event.preventDefault();
+    const response = await fetch(event.currentTarget.href, { headers, cache: "no-store" });
+    window.open(URL.createObjectURL(await response.blob()), "_blank");
+  });
 }
 
 function el(tag, cls, text) {
@@ -103,9 +124,13 @@ function renderCommands(commands) {
 
 async function refresh() {
   try {
-    const response = await fetch("api/status" + query, { headers, cache: "no-store" });
-    if (!response.ok) throw new Error(response.status === 401 ? "unauthorized: open this page with ?token=…" :
-                                      "HTTP " + response.status);
+    const response = await fetch("api/status", { headers, cache: "no-store" });
+    if (response.status === 401) { // no token, or one the daemon no longer accepts: back to the token page
+      sessionStorage.removeItem(TOKEN_KEY);
+      location.reload();
+      return;
+    }
+    if (!response.ok) throw new Error("HTTP " + response.status);
     const status = await response.json();
     const overall = $("#overall");
     overall.textContent = status.status;
@@ -136,7 +161,8 @@ function showPreview(name, jpeg) {
 function connectPreviews() {
   const scheme = location.protocol === "https:" ? "wss:" : "ws:";
   const base = location.pathname.replace(/[^/]*$/, "");
-  const socket = new WebSocket(`${scheme}//${location.host}${base}preview/ws${query}`);
+  const protocols = token ? [PREVIEW_PROTOCOL, tokenProtocol(token)] : [];
+  const socket = new WebSocket(`${scheme}//${location.host}${base}preview/ws`, protocols);
   socket.binaryType = "arraybuffer";
   socket.onmessage = (event) => {
     const bytes = new Uint8Array(event.data);
