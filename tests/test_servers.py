@@ -6,6 +6,10 @@ These pin down the behaviour the capture code relies on (measured on OpenCV 5.0 
   (frames drained from the H.264 decoder) before returning False, so detection takes up to ~3x READ_TIMEOUT.
 * MJPEG server stalled: read() returns False after one READ_TIMEOUT.
 * After any failure the VideoCapture is dead even if the source comes back: it must be reopened.
+
+No pass/fail check is a time window: "at once" is shown against a read timeout far longer than any machine's noise
+(NO_TIMEOUT_MS: failing in under half of it means the timeout played no part), "times out" by the read failing while
+the connection is still open, and time limits are generous hang guards only.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from tests.servers.fixtures import (  # noqa: F401  (importing the fixtures regi
 )
 
 READ_TIMEOUT_MS = 1000
+NO_TIMEOUT_MS = 30_000  # a read timeout that a failure "at once" must not wait for
+HANG_GUARD_S = 20.0  # generous: a stall must be detected through READ_TIMEOUT, at most a few of them, not hang
 
 
 @pytest.fixture
@@ -64,10 +70,11 @@ def test_rtsp_opens_and_reads_frames(rtsp_server: StartRtsp, clip: Path) -> None
 
 def test_rtsp_kill_fails_reads_then_restart_reopens(rtsp_server: StartRtsp, clip: Path) -> None:
     server = rtsp_server(clip)
-    cap = open_capture(server.url, read_timeout_ms=READ_TIMEOUT_MS)
+    cap = open_capture(server.url, read_timeout_ms=NO_TIMEOUT_MS)
     assert read_frames(cap, 10) == 10
     server.kill()
-    assert seconds_until_read_fails(cap) < 3 * READ_TIMEOUT_MS / 1000 + 1.0
+    # TCP EOF: read() fails without waiting for the (30 s) read timeout
+    assert seconds_until_read_fails(cap) < NO_TIMEOUT_MS / 1000 / 2, "a killed server's EOF waited for the timeout"
     cap.release()
 
     server.restart()
@@ -84,8 +91,9 @@ def test_rtsp_stall_fails_reads_within_bounded_time(rtsp_server: StartRtsp, clip
     cap = open_capture(server.url, read_timeout_ms=READ_TIMEOUT_MS)
     assert read_frames(cap, 10) == 10
     server.stall()
-    # Each blocked read gives up after READ_TIMEOUT, but the decoder may hand out its last frames first.
-    assert seconds_until_read_fails(cap) < 4 * READ_TIMEOUT_MS / 1000 + 1.0
+    # Each blocked read gives up after READ_TIMEOUT, but the decoder may hand out its last frames first; it fails
+    # (seconds_until_read_fails fails the test if it never does), well before the hang guard
+    assert seconds_until_read_fails(cap) < HANG_GUARD_S
     server.resume()
     assert not cap.read()[0], "a capture that timed out stays dead: callers must reopen"
     cap.release()
@@ -126,7 +134,9 @@ def test_mjpeg_stall_read_times_out_then_resume_reopens(mjpeg_server: StartMjpeg
     assert read_frames(cap, 5) == 5
     server.stall()
     elapsed = seconds_until_read_fails(cap)
-    assert 0.5 * READ_TIMEOUT_MS / 1000 < elapsed < 2 * READ_TIMEOUT_MS / 1000 + 0.5
+    print(f"\nstalled MJPEG: read() failed after {elapsed:.2f} s (READ_TIMEOUT {READ_TIMEOUT_MS / 1000:g} s)")
+    assert elapsed < HANG_GUARD_S
+    # the connection is still open, so it was the read timeout that ended the read, not the stream closing
     assert server.clients == 1, "a stall keeps the connection open"
     server.resume()
     cap.release()
@@ -139,10 +149,11 @@ def test_mjpeg_stall_read_times_out_then_resume_reopens(mjpeg_server: StartMjpeg
 
 def test_mjpeg_stop_ends_stream_at_once(mjpeg_server: StartMjpeg, clip: Path) -> None:
     server = mjpeg_server(clip, fps=50, max_frames=40)
-    cap = open_capture(server.url, read_timeout_ms=5000)
+    cap = open_capture(server.url, read_timeout_ms=NO_TIMEOUT_MS)
     assert read_frames(cap, 5) == 5
     server.stop()
     try:
-        assert seconds_until_read_fails(cap) < 1.0, "a closed connection must not wait for READ_TIMEOUT"
+        assert seconds_until_read_fails(cap) < NO_TIMEOUT_MS / 1000 / 2, \
+            "a closed connection must not wait for the read timeout"
     finally:
         cap.release()

@@ -34,6 +34,7 @@ from pipeline.outputs.osc import VMC_APPLY, VMC_VAL, VRM_PRESETS, OscSink
 from pipeline.outputs.registry import create_sink
 from pipeline.outputs.webhook import WebhookSink
 from tests.conftest import data_path, run_cli
+from tests.running_daemon import wait_until
 from tests.test_behavior import observation, result, square
 
 TOKEN = "s3cret-T0KEN"
@@ -68,7 +69,7 @@ class OscReceiver:
         with self._lock:
             self.dispatched.append((address, args))
 
-    def wait_for(self, count: int, timeout: float = 5.0) -> list[tuple[bool, list[tuple[str, tuple[Any, ...]]]]]:
+    def wait_for(self, count: int, timeout: float = 30.0) -> list[tuple[bool, list[tuple[str, tuple[Any, ...]]]]]:
         deadline = time.monotonic() + timeout
         while len(self.packets) < count and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -159,7 +160,7 @@ def started(sink: Any) -> Any:
     return sink
 
 
-def settle(sink: Any, count: int, timeout: float = 10.0) -> None:
+def settle(sink: Any, count: int, timeout: float = 30.0) -> None:
     """Wait until `count` events were delivered or given up (close() would cut pending retries short)."""
     deadline = time.monotonic() + timeout
     while sink.sent + sink.failed < count and time.monotonic() < deadline:
@@ -366,12 +367,13 @@ def test_webhook_url_credentials_are_masked_in_logs(caplog: pytest.LogCaptureFix
 def test_close_cuts_pending_retries_short() -> None:
     """A dead endpoint with long backoffs must not hold shutdown: each queued event gets one last attempt."""
     commands = commands_from_mapper(BehaviorConfig(), ["happy", "sad", "surprise"])
-    sink = hook(f"http://127.0.0.1:{closed_port()}/emotion", retries=10, backoff_s=30)
+    sink = hook(f"http://127.0.0.1:{closed_port()}/emotion", retries=10, backoff_s=60)
     for command in commands:
         sink.offer(command)
-    time.sleep(0.2)  # the first event is now waiting 30 s before its first retry
-    sink.close(timeout=5)
-    assert not sink._thread.is_alive()
+    # the first attempt made (refused at once): the first event now waits 60 s before its first retry
+    assert wait_until(lambda: sink.attempts >= 1, 30), "the webhook never tried to post"
+    sink.close(timeout=10)
+    assert not sink._thread.is_alive(), "close() waited for the 60 s backoff"
     assert (sink.sent, sink.failed, sink.dropped) == (0, 3, 0)
 
 
@@ -411,13 +413,13 @@ def _window_emotions(observations: list[dict[str, Any]], target: int, end_ts: fl
 @pytest.mark.slow
 def test_daemon_on_video_commands_follow_the_clip(prepared_models: None, tmp_path: Path) -> None:
     video = data_path("video", "woman2.mp4")  # 15.5 s of one face, mostly smiling and frightened
-    dwell_ms = 400
+    dwell_ms, cooldown_ms = 400, 1500
     with OscReceiver() as receiver, HookServer() as server:
         config = tmp_path / "config.yaml"
         config.write_text(
             f"cameras:\n  - {{name: lobby, source: {video}, fps: 10, loop: false}}\n"
             "detector: {input_size: [320, 192]}\n"
-            f"behavior: {{attention: largest, dwell_ms: {dwell_ms}, cooldown_ms: 1500}}\n"
+            f"behavior: {{attention: largest, dwell_ms: {dwell_ms}, cooldown_ms: {cooldown_ms}}}\n"
             "server: {enabled: false}\n"
             "outputs:\n  - {type: stdout}\n"
             f"  - {{type: osc, host: 127.0.0.1, port: {receiver.port}, protocol: vmc}}\n"
@@ -429,8 +431,15 @@ def test_daemon_on_video_commands_follow_the_clip(prepared_models: None, tmp_pat
         commands = [e for e in events if e["type"] == "command"]
         packets = receiver.wait_for(len(commands))
     observations = [e for e in events if e["type"] == "observation"]
-    assert len(observations) >= 60, "the 15 s clip at 10 fps should give ~150 observations"
-    assert 2 <= len(commands) < len(observations) / 5
+    # the whole clip was read and analysed: frame numbers count the frames published at 10 fps (~155 in 15.5 s) however
+    # fast analysis is, and a slow machine analyses fewer of them (it skips frames): no throughput is judged here
+    assert observations and observations[-1]["frame"] >= 120, "the 15.5 s clip at 10 fps has ~155 frames"
+    assert len(observations) >= 20
+    # a few commands, never more than the cooldown allows per target over the clip's own time
+    span_s = observations[-1]["ts"] - observations[0]["ts"]
+    per_target = Counter(c["target"] for c in commands)
+    assert len(commands) >= 2 and all(n <= 1 + span_s * 1000 / cooldown_ms for n in per_target.values()), \
+        (per_target, span_s)
     # every command reached the OSC receiver (one bundle each) and the webhook (with the token), in order for HTTP
     assert len(packets) == len(commands) and all(is_bundle for is_bundle, _ in packets)
     assert [body for _, body in server.requests] == commands

@@ -1,14 +1,13 @@
 """The status page in a real headless Chromium (Debian's chromium + chromium-driver, driven by selenium).
 
-`.ci/run` installs both; without them the test is skipped with the reason. The daemon serves two looping file
-cameras with a token; the page is opened as an operator would, with `?token=` in its address.
+`.ci/run` installs both; without them the test is skipped with the reason (and CI, with EMOTION_STRICT_SKIPS=1, fails
+on that skip). The daemon serves two looping file cameras with a token; the page is opened as an operator would, with
+`?token=` in its address. Nothing is timed: each check waits for what the page shows, with time-outs for hangs only.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,7 +79,7 @@ def test_status_page_shows_live_tiles(prepared_models: None, tmp_path: Path,
         def tiles() -> list:  # type: ignore[type-arg]
             return browser.find_elements(By.CSS_SELECTOR, "#tiles .tile")
 
-        assert wait_until(lambda: len(tiles()) == 2, 10), browser.page_source[:2000]
+        assert wait_until(lambda: len(tiles()) == 2, 30), browser.page_source[:2000]
         assert sorted(t.get_attribute("data-camera") for t in tiles()) == ["hall", "lobby"]
         lobby = browser.find_element(By.CSS_SELECTOR, '.tile[data-camera="lobby"]')
 
@@ -88,19 +87,24 @@ def test_status_page_shows_live_tiles(prepared_models: None, tmp_path: Path,
             images = lobby.find_elements(By.CSS_SELECTOR, "img.preview")
             return images[0].get_attribute("src") or "" if images else ""
 
-        assert wait_until(lambda: preview_src().startswith("blob:"), 15), "no preview image arrived"
-        assert wait_until(lambda: browser.execute_script(
-            "const i = document.querySelector('.tile[data-camera=\"lobby\"] img.preview');"
-            "return i && i.complete && i.naturalWidth > 0;"), 5)
+        def preview_loaded() -> bool:
+            return bool(browser.execute_script(
+                "const i = document.querySelector('.tile[data-camera=\"lobby\"] img.preview');"
+                "return i && i.complete && i.naturalWidth > 0;"))
+
+        assert wait_until(lambda: preview_src().startswith("blob:"), 30), "no preview image arrived"
+        assert wait_until(preview_loaded, 30), "the preview image never loaded"
         assert "streaming" in lobby.find_element(By.CSS_SELECTOR, ".state").text
         assert "fps" in lobby.find_element(By.CSS_SELECTOR, ".figures").text
         first_src, first_shot = preview_src(), lobby.find_element(By.CSS_SELECTOR, ".frame").screenshot_as_png
-        time.sleep(1.5)
-        second_src, second_shot = preview_src(), lobby.find_element(By.CSS_SELECTOR, ".frame").screenshot_as_png
-        assert second_src != first_src, "the preview image did not change"
-        assert second_shot != first_shot, "the preview looks the same 1.5 s later"
+
+        def preview_changed() -> bool:  # a new image (preview_fps 4), loaded, that looks different from the first
+            return preview_src() not in (first_src, "") and preview_loaded() and \
+                lobby.find_element(By.CSS_SELECTOR, ".frame").screenshot_as_png != first_shot
+
+        assert wait_until(preview_changed, 30, interval=0.25), "the preview image did not change: a frozen preview"
         assert browser.find_element(By.ID, "overall").text == "ok"
-        assert wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#commands tbody tr"), 20), \
+        assert wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#commands tbody tr"), 60), \
             "no recent command on the page"
         target = os.environ.get("STATUS_PAGE_SCREENSHOT")  # docs/status-page.png is made this way
         if target:
@@ -110,10 +114,3 @@ def test_status_page_shows_live_tiles(prepared_models: None, tmp_path: Path,
     finally:
         daemon.kill()
 
-
-def test_chromium_presence_is_what_ci_installs() -> None:
-    """.ci/run installs the browser this module needs; keep the two in step."""
-    ci = (Path(__file__).resolve().parents[1] / ".ci" / "run").read_text()
-    assert "chromium chromium-driver" in ci
-    if shutil.which("chromium") is None:
-        pytest.skip("chromium is not installed here")
