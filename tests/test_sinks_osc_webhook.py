@@ -87,13 +87,13 @@ class OscReceiver:
 
 
 class HookServer:
-    """An aiohttp.web server on 127.0.0.1:0 in its own thread and loop; answers POST /emotion with `statuses`, then
-    200, and records each request's headers and JSON body."""
+    """An aiohttp.web server on 127.0.0.1 (on `port`, or a free one) in its own thread and loop; answers POST /emotion
+    with `statuses`, then 200, and records each request's headers and JSON body."""
 
-    def __init__(self, statuses: tuple[int, ...] = ()) -> None:
+    def __init__(self, statuses: tuple[int, ...] = (), port: int = 0) -> None:
         self.statuses = list(statuses)
         self.requests: list[tuple[dict[str, str], Any]] = []
-        self.port = 0
+        self.port = port
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -108,7 +108,7 @@ class HookServer:
         app.router.add_post("/emotion", self._handle)
         runner = web.AppRunner(app)
         self._loop.run_until_complete(runner.setup())
-        self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
+        self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
         self.port = runner.addresses[0][1]
         self._ready.set()
         self._loop.run_forever()

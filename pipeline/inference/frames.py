@@ -40,6 +40,7 @@ from pipeline.inference.settings import DetectorConfig, EmotionConfig, Inference
 from pipeline.modelprep.frame_graphs import (
     FACE_BOX,
     FACE_LANDMARKS,
+    FACE_OUTPUTS,
     FACE_SCORE,
     FRAME_INDEX_INPUT,
     FRAME_INPUT,
@@ -56,7 +57,6 @@ from pipeline.vision.retinaface import filter_faces
 
 log = logging.getLogger(__name__)
 
-FACE_OUTPUTS = (FACE_SCORE, FACE_BOX, FACE_LANDMARKS)
 GRAPH_FACES = 64  # faces per frame the detector graph returns at most (best scores after NMS), before max_faces
 
 

@@ -51,6 +51,7 @@ IOU_THRESHOLD = "iou_threshold"
 MATRIX_INPUT = "crop_matrix"
 FRAME_INDEX_INPUT = "crop_frame"
 FACE_SCORE, FACE_BOX, FACE_LANDMARKS = "face_score", "face_box", "face_landmarks"
+FACE_OUTPUTS = (FACE_SCORE, FACE_BOX, FACE_LANDMARKS)  # the detector graph's outputs, in this order
 LETTERBOX_OUTPUT = "letterbox"
 CROP_OUTPUT = "crops"
 DETECTOR_OUTPUTS = (CANDIDATE_SCORE, CANDIDATE_ANCHOR, "top_loc", "top_landmarks")

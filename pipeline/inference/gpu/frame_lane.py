@@ -29,9 +29,7 @@ from pipeline.inference.backend import BackendError
 from pipeline.inference.gpu.cuda import DeviceBuffer, Stream
 from pipeline.inference.gpu.cuda_lane import padded_size
 from pipeline.modelprep.frame_graphs import (
-    FACE_BOX,
-    FACE_LANDMARKS,
-    FACE_SCORE,
+    FACE_OUTPUTS,
     FRAME_INDEX_INPUT,
     FRAME_INPUT,
     IOU_THRESHOLD,
@@ -42,7 +40,6 @@ from pipeline.modelprep.frame_graphs import (
 
 log = logging.getLogger(__name__)
 
-FACE_OUTPUTS = (FACE_SCORE, FACE_BOX, FACE_LANDMARKS)
 
 
 class GraphSource(Protocol):
