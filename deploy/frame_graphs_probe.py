@@ -1,5 +1,7 @@
 """Probe of the frame graphs on the GPU (deploy/gpu-bench.sh frames-probe): where ONNX Runtime places their nodes,
-and what one batch costs on the device, with frames already in GPU memory (as NVDEC leaves them).
+and what one batch costs on the device, with frames already in GPU memory (as NVDEC leaves them): per batch size
+(padded to the lane's buckets, `STEP` in the environment, default 2), the letterbox alone, and ONNX Runtime's CUDA
+graph capture (`enable_cuda_graph`) tried on both graphs (issue 11, item 4).
 
 Prints one JSON line per measurement. Run from the project root with onnxruntime-gpu, cuda-python and the prepared
 fp16 models:  python3 deploy/frame_graphs_probe.py .benchdata/video/group_1080p.mp4
@@ -8,7 +10,9 @@ fp16 models:  python3 deploy/frame_graphs_probe.py .benchdata/video/group_1080p.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,7 +24,14 @@ from pipeline.config.app import load_config
 from pipeline.inference.frames import FramePerception
 from pipeline.inference.gpu.cuda import DeviceBuffer, Stream, memory_info
 from pipeline.inference.perception import load_perception
-from pipeline.modelprep.frame_graphs import FrameFormat
+from pipeline.modelprep.frame_graphs import (
+    FRAME_INDEX_INPUT,
+    FRAME_INPUT,
+    LETTERBOX_OUTPUT,
+    MATRIX_INPUT,
+    FrameFormat,
+    letterbox_graph,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,6 +79,142 @@ def _placement(graph: bytes, label: str) -> dict[str, object]:
             "nodes": {k: len(v) for k, v in by_provider.items()}}
 
 
+def _timed(run: object, repeat: int = 10) -> float:
+    """Median wall time of `run()` in ms, after one untimed run (capture, first-run planning)."""
+    run()  # type: ignore[operator]
+    times = []
+    for _ in range(repeat):
+        t0 = time.monotonic()
+        run()  # type: ignore[operator]
+        times.append((time.monotonic() - t0) * 1e3)
+    return round(float(np.median(times)), 3)
+
+
+def _cuda_session(graph: bytes, cuda_graph: bool) -> object:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    provider = {"enable_cuda_graph": "1"} if cuda_graph else {}
+    return ort.InferenceSession(graph, options, providers=[("CUDAExecutionProvider", provider)])
+
+
+def _letterbox_alone(fmt: FrameFormat, frames: DeviceBuffer, batch: int) -> dict[str, object]:
+    """The letterbox graph alone on `batch` device frames: its share of the detector graph's cost."""
+    session = _cuda_session(letterbox_graph(fmt, (640, 352)).SerializeToString(), False)
+    binding = session.io_binding()  # type: ignore[attr-defined]
+    binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [batch, fmt.height, fmt.width, 3], frames.ptr)
+    binding.bind_output(LETTERBOX_OUTPUT, "cuda")
+    return {"letterbox_alone": {"batch": batch,
+                                "ms": _timed(lambda: session.run_with_iobinding(binding))}}  # type: ignore[attr-defined]
+
+
+def _classifier_cuda_graph(graph: bytes, fmt: FrameFormat, frames: DeviceBuffer, max_batch: int,
+                           faces: int) -> dict[str, object]:
+    """The crop+classify graph for `faces` faces, plain vs captured as a CUDA graph (inputs at fixed addresses)."""
+    matrices = np.tile(np.array([[0.5, 0, 100], [0, 0.5, 100]], np.float32), (faces, 1, 1))
+    index = (np.arange(faces) % max_batch).astype(np.int64)
+    result: dict[str, object] = {"faces": faces}
+    for label, captured in (("plain_ms", False), ("cuda_graph_ms", True)):
+        try:
+            session = _cuda_session(graph, captured)
+            binding = session.io_binding()  # type: ignore[attr-defined]
+            values = {MATRIX_INPUT: ort.OrtValue.ortvalue_from_numpy(matrices, "cuda", 0),
+                      FRAME_INDEX_INPUT: ort.OrtValue.ortvalue_from_numpy(index, "cuda", 0)}
+            binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [max_batch, fmt.height, fmt.width, 3], frames.ptr)
+            for name, value in values.items():
+                binding.bind_ortvalue_input(name, value)
+            output = session.get_outputs()[0].name  # type: ignore[attr-defined]
+            probs = ort.OrtValue.ortvalue_from_shape_and_type([faces, 7], np.float32, "cuda", 0)
+            binding.bind_ortvalue_output(output, probs)
+
+            def run() -> None:
+                values[MATRIX_INPUT].update_inplace(matrices)  # what a real batch does: new matrices each time
+                session.run_with_iobinding(binding)  # type: ignore[attr-defined]
+                probs.numpy()
+            result[label] = _timed(run)
+        except Exception as exc:  # noqa: BLE001 - a probe reports what ONNX Runtime refused, whatever its type
+            result[label] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    return result
+
+
+def _detector_cuda_graph(graph: bytes) -> dict[str, object]:
+    """Whether the detector graph can be captured at all (its NMS output size depends on the data)."""
+    try:
+        session = _cuda_session(graph, True)
+        feeds = {arg.name: np.zeros([d if isinstance(d, int) else 1 for d in arg.shape],
+                                    {"tensor(uint8)": np.uint8}.get(arg.type, np.float32))
+                 for arg in session.get_inputs()}  # type: ignore[attr-defined]
+        binding = session.io_binding()  # type: ignore[attr-defined]
+        for name, value in feeds.items():
+            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, "cuda", 0))
+        for arg in session.get_outputs():  # type: ignore[attr-defined]
+            binding.bind_output(arg.name, "cuda")
+        session.run_with_iobinding(binding)  # type: ignore[attr-defined]
+        session.run_with_iobinding(binding)  # type: ignore[attr-defined]
+        return {"detector_cuda_graph": "captured"}
+    except Exception as exc:  # noqa: BLE001 - a probe reports what ONNX Runtime refused, whatever its type
+        return {"detector_cuda_graph": f"{type(exc).__name__}: {str(exc)[:400]}"}
+
+
+def _decode_load(video: Path, cameras: int, stop: threading.Event) -> list[threading.Thread]:
+    """`cameras` NVDEC decoders at the clip's own rate, frames kept on the GPU and dropped: the decoding side of the
+    pipeline without the analysis, to see what it costs a batch run on the same GPU."""
+    from pipeline.capture.nvdec import NvdecSource
+
+    def decode(index: int) -> None:
+        source = NvdecSource(str(video), f"load{index}", loop=True, paced=True, keep_on_device=True)
+        try:
+            while not stop.is_set():
+                source.grab(1.0)
+                image = source.retrieve()
+                del image
+        finally:
+            source.close()
+    threads = [threading.Thread(target=decode, args=(i,), daemon=True) for i in range(cameras)]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def _under_load(engine: object, frame: object, video: Path, cameras: int) -> None:
+    """Batch cost of 32 frames alone, then while `cameras` NVDEC decoders run (same process, same GPU)."""
+    items = [frame] * 32
+    alone = _timed(lambda: engine.run_items(items, 0), 20)  # type: ignore[attr-defined]
+    stop = threading.Event()
+    threads = _decode_load(video, cameras, stop)
+    time.sleep(3.0)
+    loaded = _timed(lambda: engine.run_items(items, 0), 40)  # type: ignore[attr-defined]
+    stop.set()
+    for thread in threads:
+        thread.join(5.0)
+    print(json.dumps({"batch": 32, "alone_ms": alone, "decoders": cameras, "with_decoders_ms": loaded}), flush=True)
+
+
+def _busy(stop: threading.Event) -> None:
+    """Pure-Python work in bursts, as camera workers do between frames (tracking, events): GIL contention."""
+    while not stop.is_set():
+        total = 0
+        for i in range(20000):
+            total += i * i
+        time.sleep(0.002)
+
+
+def _under_gil_load(engine: object, frame: object, threads: int) -> None:
+    items = [frame] * 32
+    stop = threading.Event()
+    workers = [threading.Thread(target=_busy, args=(stop,), daemon=True) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    loaded = _timed(lambda: engine.run_items(items, 0), 40)  # type: ignore[attr-defined]
+    sys.setswitchinterval(0.0005)
+    fast_switch = _timed(lambda: engine.run_items(items, 0), 40)  # type: ignore[attr-defined]
+    sys.setswitchinterval(0.005)
+    stop.set()
+    for worker in workers:
+        worker.join(5.0)
+    print(json.dumps({"batch": 32, "python_threads": threads, "with_gil_load_ms": loaded,
+                      "switch_0.5ms": fast_switch}), flush=True)
+
+
 def main() -> None:
     video = Path(sys.argv[1])
     cap = cv2.VideoCapture(str(video))
@@ -76,9 +223,10 @@ def main() -> None:
     if not ok:
         raise SystemExit(f"cannot read {video}")
     rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+    step = int(os.environ.get("STEP", "2"))
     cfg = load_config(ROOT / "config" / "default.yaml")
     inference = cfg.inference.model_copy(update={"device": "cuda", "precision": "fp16", "frame_path": "graph",
-                                                 "max_batch": 64, "lanes": 1, "batch_step": 4})
+                                                 "max_batch": 64, "lanes": 1, "batch_step": step})
     detector = cfg.detector.model_copy(update={"input_size": (640, 352)})
     cfg = cfg.model_copy(update={"inference": inference, "detector": detector})
     fmt = FrameFormat(rgb.shape[1], rgb.shape[0], "rgb")
@@ -96,7 +244,7 @@ def main() -> None:
     stream = Stream("probe")
     frame = _DeviceFrame(rgb, stream)
     engine = perception.engine
-    for batch in (1, 4, 16, 64):
+    for batch in (1, 8, 16, 24, 32, 48, 64):
         items = [frame] * batch
         engine.run_items(items, 0)
         times = []
@@ -105,11 +253,27 @@ def main() -> None:
             results = engine.run_items(items, 0)
             times.append((time.monotonic() - t0) * 1e3)
         stage = results[0].timings
-        print(json.dumps({"batch": batch, "ms_per_batch_p50": round(float(np.median(times)), 2),
+        print(json.dumps({"batch": batch, "step": step, "ms_per_batch_p50": round(float(np.median(times)), 2),
                           "frames_per_s": round(batch / (float(np.median(times)) / 1e3)),
                           "faces_per_frame": len(results[0].faces),
                           "stage_ms": {k: round(v, 2) for k, v in stage.items()}}), flush=True)
+    if os.environ.get("LOAD"):
+        for cameras in (16, 64):
+            _under_load(engine, frame, video, cameras)
+    if os.environ.get("GIL_LOAD"):
+        for threads in (4, 16, 64):
+            _under_gil_load(engine, frame, threads)
+    frames = DeviceBuffer("probe batch", rgb.nbytes * 64)
+    for row in range(64):
+        stream.copy_within(frames.ptr + row * rgb.nbytes, frame.ptr, rgb.nbytes, "probe batch row")
+    stream.synchronize()
+    for batch in (32, 64):
+        print(json.dumps(_letterbox_alone(fmt, frames, batch)), flush=True)
+    print(json.dumps(_detector_cuda_graph(graphs.detector(fmt))), flush=True)
+    for faces in (64, 256):
+        print(json.dumps(_classifier_cuda_graph(graphs.classifier(fmt), fmt, frames, 64, faces)), flush=True)
     perception.close()
+    frames.close()
     stream.close()
 
 

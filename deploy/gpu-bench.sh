@@ -63,13 +63,13 @@ case "${1:-check}" in
       | tee "$OUT/frames_probe.jsonl"
     tail -5 "$OUT/frames_probe.err"
     ;;
-  frames-pipeline)  # group_1080p.mp4 at 25 fps, NVDEC, batched: frame_path opencv vs graph in one session
+  frames-pipeline)  # group_1080p.mp4 at 25 fps, NVDEC, batched: frame_path opencv vs graph in one session (lanes 1, step 2 since the GIL fix of 2026-12-01; EXTRA="--lanes 2 --batch-step 4" for the earlier runs)
     for cams in ${CAMS:-16 32 64}; do
       for path in ${PATHS:-opencv graph}; do
         python3 run_pipeline.py bench pipeline --video .benchdata/video/group_1080p.mp4 --cameras "$cams" --fps 25 \
-          --device cuda --precision fp16 --detector-input 640x352 --max-batch 64 --lanes 2 --batch-step 4 \
+          --device cuda --precision fp16 --detector-input 640x352 --max-batch 64 --lanes 1 --batch-step 2 \
           --duration "${DURATION:-15}" --mode "${MODE:-batched}" --decode gpu --frame-path "$path" \
-          --log-level warning --json "$OUT/frames_1080p_${cams}_${path}.json" ${EXTRA:-} | tail -4
+          --log-level warning --json "$OUT/frames_1080p_${cams}_${path}${TAG:-}.json" ${EXTRA:-} | tail -4
       done
     done
     ;;

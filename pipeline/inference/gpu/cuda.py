@@ -14,6 +14,11 @@ Ownership: each buffer, stream and event is freed by `close()` of the object tha
 garbage collection: a finaliser runs on whatever thread the collector picks, possibly while a stream still copies
 into the memory it frees. `live_allocations()` counts what is held, so a leak shows (deploy/trt_standin.py reads it).
 
+One exception to "one binding": `Stream.copy_within_many` queues a batch's frame copies through the driver's
+cuMemcpyDtoDAsync called with ctypes.PyDLL, i.e. *holding* the GIL. Every cuda-python call releases the GIL, and
+getting it back waits for whichever camera thread took it: 27 copies of one batch spent 12.5 ms (p50) getting the GIL
+back at 64 cameras on the H200, where the copies themselves take microseconds to queue (BENCHMARKS.md).
+
 Events are created with cudaEventBlockingSync: a thread waiting for its batch sleeps in the driver instead of
 spinning a CPU core, which with K lanes per model would be K cores taken from video decoding.
 
@@ -39,6 +44,8 @@ GPU_REQUIREMENTS = "pip install -r requirements-gpu.txt"
 _RUNTIME_MODULES = ("cuda.bindings.runtime", "cuda.cudart")
 
 _runtime: Any = None
+_driver: Any = None
+_context_ready = threading.local()  # threads on which the runtime has made the primary context current
 _ledger_lock = threading.Lock()
 _ledger = {"pinned_bytes": 0, "pinned_buffers": 0, "device_bytes": 0, "device_buffers": 0}
 
@@ -76,6 +83,29 @@ def load_runtime() -> Any:
                                f"{GPU_REQUIREMENTS}")
         _runtime = module
     return _runtime
+
+
+def _load_driver() -> Any:
+    """libcuda through ctypes.PyDLL (calls keep the GIL), with the signatures of the two functions used."""
+    global _driver
+    if _driver is None:
+        try:
+            driver = ctypes.PyDLL("libcuda.so.1")
+        except OSError as exc:
+            raise CudaError(f"cannot load the CUDA driver library libcuda.so.1: {exc}") from exc
+        driver.cuMemcpyDtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
+        driver.cuMemcpyDtoDAsync_v2.restype = ctypes.c_int
+        driver.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        driver.cuGetErrorName.restype = ctypes.c_int
+        _driver = driver
+    return _driver
+
+
+def _driver_error(driver: Any, status: int) -> str:
+    name = ctypes.c_char_p()
+    if driver.cuGetErrorName(status, ctypes.byref(name)) != 0 or not name.value:
+        return f"CUDA driver error {status}"
+    return name.value.decode()
 
 
 def error_name(status: Any) -> str:
@@ -260,6 +290,19 @@ class Stream(_Owned):
         """Queue device → device (cudaMemcpyAsync) of `nbytes` between raw device addresses."""
         runtime = load_runtime()
         self._copy(dst, src, nbytes, runtime.cudaMemcpyKind.cudaMemcpyDeviceToDevice, what)
+
+    def copy_within_many(self, pairs: list[tuple[int, int]], nbytes: int, what: str) -> None:
+        """Queue device → device copies of `nbytes` each, (dst, src) per pair, without releasing the GIL (see the
+        module docstring: a batch's copies then cost microseconds instead of a GIL hand-off each)."""
+        if not getattr(_context_ready, "done", False):
+            # The driver call needs a current context on this thread: the runtime makes its primary context current.
+            check(load_runtime().cudaFree(0), "cudaFree(0) (make the primary context current on this thread)")
+            _context_ready.done = True
+        driver, stream = _load_driver(), int(self._live())
+        for row, (dst, src) in enumerate(pairs):
+            status = driver.cuMemcpyDtoDAsync_v2(dst, src, nbytes, stream)
+            if status != 0:
+                raise CudaError(f"CUDA cuMemcpyDtoDAsync ({what}, copy {row}) failed: {_driver_error(driver, status)}")
 
     def copy_host_to(self, dst: int, host: np.ndarray, what: str) -> None:
         """Queue host → device of a C-contiguous array to a raw device address (pageable memory: staged by CUDA,

@@ -138,13 +138,17 @@ class CudaFrameLane:
         return {name: value[:count] for name, value in zip(FACE_OUTPUTS, values)}
 
     def _stage(self, stream: Stream, state: _FormatState, items: Sequence[FrameImage]) -> None:
-        """Queue each frame's copy into its row of the batch buffer."""
+        """Queue each frame's copy into its row of the batch buffer: GPU frames in one GIL-holding call
+        (Stream.copy_within_many), host frames one by one (their copies take long enough to release the GIL for)."""
+        on_device: list[tuple[int, int]] = []
         for row, item in enumerate(items):
             dst = state.frames.ptr + row * state.frame_bytes
             if isinstance(item, np.ndarray):
                 stream.copy_host_to(dst, np.ascontiguousarray(item), f"{self.what}: frame {row} to the GPU")
             else:
-                stream.copy_within(dst, item.ptr, state.frame_bytes, f"{self.what}: frame {row} into the batch")
+                on_device.append((dst, item.ptr))
+        if on_device:
+            stream.copy_within_many(on_device, state.frame_bytes, f"{self.what}: frames into the batch")
 
     def classify(self, fmt: FrameFormat, matrices: np.ndarray, frame_index: np.ndarray) -> np.ndarray:
         count = len(matrices)
