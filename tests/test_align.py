@@ -193,6 +193,9 @@ def test_fer_template_rederived_from_fer2013_detections(perception) -> None:  # 
     detector = perception.detector
     images = [cv2.imread(str(f), cv2.IMREAD_COLOR) for f in files]
     assert all(im is not None and im.shape == (48, 48, 3) for im in images)
+    # The detector never enlarges a frame (and finds few 48-px faces at scale 1): enlarge the crops 10x here, as its
+    # letterbox into 640x480 once did.
+    images = [cv2.resize(im, (480, 480), interpolation=cv2.INTER_LINEAR) for im in images]
     singles = []
     chunk = 64  # stay below the model's request queue size; the chunk batches together
     for start in range(0, len(images), chunk):
@@ -200,7 +203,7 @@ def test_fer_template_rederived_from_fer2013_detections(perception) -> None:  # 
         for future, fit in pending:
             faces = detector.finish(future.result(timeout=60), fit)
             if len(faces) == 1:
-                singles.append(faces[0].landmarks / 48.0)
+                singles.append(faces[0].landmarks / 480.0)
     assert len(singles) >= 200, f"only {len(singles)} of 350 crops have exactly one face"
     points = np.array(singles)  # N x 5 x 2
     mirrored = points.copy()

@@ -70,7 +70,7 @@ def test_shipped_configs_load(name: str, env: dict[str, str]) -> None:
 def test_default_config_runs_anywhere() -> None:
     config = load_config(ROOT / "config" / "default.yaml", env={})
     assert [(c.name, c.source, c.fps) for c in config.cameras] == [("demo", "demo", 10)]
-    assert config.detector.input_size == (640, 480)
+    assert config.detector.input_size == "auto" and config.detector.max_input_side == 640
     assert (config.inference.backend, config.inference.device, config.inference.precision) == (
         "onnxruntime", "cpu", "fp32")
     assert [o.type for o in config.outputs] == ["stdout"]

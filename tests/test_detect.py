@@ -12,10 +12,10 @@ from tests.conftest import data_path
 
 
 def test_letterbox_keeps_aspect_and_pads_with_model_mean() -> None:
-    image = np.full((100, 200, 3), 7, np.uint8)
+    image = np.full((400, 800, 3), 7, np.uint8)
     canvas, fit = letterbox(image, (320, 256))
     assert canvas.shape == (256, 320, 3)
-    assert fit.scale == pytest.approx(1.6)
+    assert fit.scale == pytest.approx(0.4)
     assert (canvas[:160, :320] == 7).all()
     assert tuple(canvas[200, 10]) == (104, 117, 123)
 
@@ -80,10 +80,16 @@ def test_default_size_finds_one_face_per_wild_photo(perception) -> None:  # type
 
 
 def test_boxes_are_in_original_frame_pixels(perception) -> None:  # type: ignore[no-untyped-def]
+    """A photo and its double seen by the network at the same size (a fixed 352x352 input: scale 1 and 0.5; the
+    default auto input would not enlarge the small one), so only the mapping back to frame pixels differs."""
+    from pipeline.inference.detector import FaceDetector
+
     path = sorted(data_path("faces", "wild").glob("*.jpg"))[0]
     small = cv2.imread(str(path))
     big = cv2.resize(small, None, fx=2.0, fy=2.0)
-    a, b = perception.detector.detect(small), perception.detector.detect(big)
+    fixed = perception.detector.cfg.model_validate(perception.detector.cfg.model_dump() | {"input_size": (352, 352)})
+    detector = FaceDetector(perception.detector.model, fixed)
+    a, b = detector.detect(small), detector.detect(big)
     assert len(a) == len(b) == 1
     assert np.allclose(np.array(b[0].box) / 2.0, a[0].box, atol=4.0)
 
@@ -94,7 +100,7 @@ def test_cheap_shrink_finds_the_faces_exact_area_resampling_finds(perception: ob
     from pipeline.vision.retinaface import PAD_BGR, Letterbox, shrink
 
     detector = perception.detector  # type: ignore[attr-defined]
-    width, height = detector.input_size
+    width, height = detector.input_for((1920, 1080))
     cap = cv2.VideoCapture(str(data_path("video", "group_1080p.mp4")))
     frames = [frame for index in range(60) if (frame := cap.read()[1]) is not None and index % 12 == 0]
     cap.release()

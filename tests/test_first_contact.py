@@ -205,15 +205,16 @@ def test_analyze_and_bench_analyze_say_which_detector_input(prepared_models: Non
     video = data_path("video", "woman_short.mp4")
     plain = run_cli("analyze", str(video), "--every", "40", "--log-level", "warning")
     assert plain.returncode == 0, plain.stderr[-2000:]
-    assert _summary(plain.stderr)["detector_input"] == "640x480"  # config/default.yaml's detector.input_size
+    # config/default.yaml's detector.input_size auto: the 596x336 clip padded to multiples of 32, not enlarged
+    assert _summary(plain.stderr)["detector_input"] == "608x352"
     out = tmp_path / "bench.json"
     bench = run_cli("bench", "analyze", "--video", str(video), "--repeat", "1", "--log-level", "warning",
                     "--json", str(out))
     assert bench.returncode == 0, bench.stderr[-2000:]
     said = next(ln for ln in bench.stdout.splitlines() if "detector input" in ln)
-    assert "320x192" in said and "640x480" in said
+    assert "320x192" in said and "auto (long side 640)" in said
     result = json.loads(out.read_text())
-    assert result["detector_input"] == "320x192" and result["analyze_detector_input"] == "640x480"
+    assert result["detector_input"] == "320x192" and result["analyze_detector_input"] == "auto (long side 640)"
 
 
 # -- item 13: bench and --help ------------------------------------------------------------------------------------

@@ -3,9 +3,9 @@ through ONNX Runtime with the real prepared models on real frames.
 
 Measured with the pinned opencv-python 5.0.0.93 and onnxruntime 1.32.0 (2026-12-01, dev-2c):
 - letterbox: bit-exact (0 differing values) against letterbox() on group_1080p.mp4 (1920x1080 → 640x352: one 2x2
-  halving + bilinear; → 320x192: two halvings + bilinear) and woman2.mp4 (596x336 → 640x352: bilinear upscale), in
-  both channel orders. Plain ONNX Resize differed by one grey level in ~10% of pixels, which moved 1080p boxes by up
-  to 3 px: hence the graph's cv2-exact bilinear.
+  halving + bilinear; → 320x192: two halvings + bilinear) and woman2.mp4 (596x336 → 640x352: a bilinear upscale
+  then; padding only since fit_size caps the scale at 1), in both channel orders. Plain ONNX Resize differed by one
+  grey level in ~10% of pixels, which moved 1080p boxes by up to 3 px: hence the graph's cv2-exact bilinear.
 - detector: the same faces per frame on 20 + 20 video frames and 8 photos, fp32 and fp16; fp32 boxes within
   6e-5 px, landmarks equal; fp16 within 0.04 px (the host decodes fp16 outputs partly in fp16 arithmetic).
 - crops: 1 value in ~270,000 differs by one grey level from cv2.warpAffine (OpenCV 5 samples in float; ours too, in
@@ -174,10 +174,10 @@ def test_detector_graph_finds_the_faces_the_host_finds(models: dict[str, Path], 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_detector_graph_on_a_batch_of_photos(models: dict[str, Path], thresholds: tuple[float, float],
                                              app_config, precision: str) -> None:  # type: ignore[no-untyped-def]
-    """Eight 350x350 photos at the default config's input size (640x480: upscaled, padded on the right)."""
+    """Eight 350x350 photos at the default config's input size for them (auto: 352x352, scale 1, padded)."""
     paths = sorted(data_path("faces", "wild").glob("*.jpg"))[:20]
     photos = [image for p in paths if (image := cv2.imread(str(p))) is not None and image.shape == (350, 350, 3)][:8]
-    batch, path, size = np.stack(photos), models[f"{DETECTOR}.{precision}"], tuple(app_config.detector.input_size)
+    batch, path, size = np.stack(photos), models[f"{DETECTOR}.{precision}"], app_config.detector.input_for((350, 350))
     graph = _graph_faces(path, batch, size, *thresholds)
     assert _assert_same_faces(graph, _host_faces(path, batch, size, *thresholds), (350, 350)) >= 7
 

@@ -89,3 +89,31 @@ def test_cuda_lanes_match_cpu(prepared_models: None, name: str, precision: str) 
         got = np.stack([results[i][output] for i in range(len(items))])
         assert np.isfinite(got).all()
         assert np.abs(got - reference).max() <= TOLERANCE[precision], f"{output}: {np.abs(got - reference).max()}"
+
+
+def test_cuda_lane_serves_two_input_sizes(prepared_models: None) -> None:
+    """Cameras of different aspect ratios (detector.input_size: auto) share one lane: each input size keeps its own
+    sessions and buffers, so switching back and forth neither re-plans a session nor mixes up buffers."""
+    manifest = load_manifest("retinaface_mnet025")
+    path = ensure_model(manifest, "fp32")
+    cpu = create_backend(ModelRuntime("onnxruntime", "cpu", "fp32", max_batch=8), manifest, path)
+    gpu = create_backend(ModelRuntime("onnxruntime", "cuda", "fp32", max_batch=8, lanes=1), manifest, path)
+    frames = video_frames(data_path("video", "woman2.mp4"), 6)
+    sessions_after: list[int] = []
+    faces = 0
+    for _ in range(2):
+        for size in ((640, 352), (640, 480)):
+            batch = np.stack([letterbox(frame, size)[0] for frame in frames])
+            got, want = gpu.run({"image": batch}), cpu.run({"image": batch})
+            for i in range(len(frames)):
+                ours = decode({k: v[i] for k, v in got.items()}, size, Letterbox(1.0, size), 0.8, 0.4)
+                theirs = decode({k: v[i] for k, v in want.items()}, size, Letterbox(1.0, size), 0.8, 0.4)
+                assert len(ours) == len(theirs)
+                for a, b in zip(sorted(ours, key=lambda f: f.box), sorted(theirs, key=lambda f: f.box)):
+                    assert np.abs(np.subtract(a.box, b.box)).max() <= BOX_TOLERANCE_PX["fp32"]
+                faces += len(ours)
+        sessions_after.append(len(gpu._cuda_lanes[0]._sessions))  # a test may look inside: one per (bucket, size)
+    gpu.close()
+    cpu.close()
+    assert faces >= len(frames) * 2  # woman2 shows her face: the comparison is not vacuous
+    assert sessions_after == [2, 2]  # the second round reused both sizes' sessions

@@ -308,3 +308,25 @@ def test_status_reads_a_snapshot_not_the_daemon() -> None:
     assert [c["n"] for c in document["recent_commands"]] == [2, 1] and document["models"] == {}
     assert status_line(snapshot) == ("1/2 cameras streaming (door reconnecting), 10.0 fps analysed, 1 face, "
                                      "4 commands, 1 ws client")
+
+
+def test_status_document_detector_input_size() -> None:
+    """/api/status names the detector's input size: the fixed [w, h], or auto (it used to list 'a', 'u', 't', 'o')."""
+    from pipeline.config.app import parse_config
+    from pipeline.inference.batching import BatchStats
+    from pipeline.service.snapshot import DaemonSnapshot, ModelView
+    from pipeline.service.status import status_document
+
+    now = 1000.0
+    detector = ModelView("detector", "retinaface_mnet025", {}, "onnxruntime", 8, 1, True, BatchStats())
+    sizes = {}
+    for text in ("detector: {input_size: [320, 192]}\n", "detector: {max_input_side: 480}\n"):
+        cfg = parse_config("cameras: [{name: lobby, source: demo}]\n" + text)
+        snapshot = DaemonSnapshot(
+            taken_mono=now, cfg=cfg, ready=True, started=True, started_mono=now - 1.0, config_path="site.yaml",
+            config_loaded_at=1.5, reloads={"applied": 0, "rejected": 0}, commands_sent=0, recent_commands=(),
+            observations_dropped=0, preview_fps=2.0, preview_renders=0, ws_enabled=False, ws_clients=0,
+            ws_clients_dropped=0, mapper_alive=True, mapper_heartbeat=now, server_present=True, server_alive=True,
+            cameras=(), outputs=(), models=(detector,))
+        sizes[text] = status_document(snapshot, now)["models"]["detector"]["input_size"]
+    assert list(sizes.values()) == [[320, 192], "auto (long side 480)"]

@@ -87,6 +87,7 @@ def test_build_engine_without_tensorrt_exits_3_with_one_line() -> None:
 def test_run_with_tensorrt_backend_without_tensorrt_exits_3(prepared_models: None, tmp_path: Path) -> None:
     config = tmp_path / "trt.yaml"
     config.write_text("cameras:\n  - {name: cam, source: demo}\n"
+                      "detector: {input_size: [640, 352]}\n"  # a fixed size: engines are built for one
                       "inference: {backend: tensorrt, device: cuda}\n"
                       "server: {enabled: false}\n")
     done = _run_cli("run", "--config", str(config), "--duration", "1")

@@ -164,6 +164,20 @@ class AppConfig(StrictModel):
                                    "true", key=("outputs", sockets[0], "type"), value="websocket")
         return self
 
+    @model_validator(mode="after")
+    def _tensorrt_needs_fixed_input(self) -> AppConfig:
+        """A TensorRT engine is built for one input size (build-engine, engine_key), while `auto` gives each camera
+        shape its own; say so here rather than at engine load. Points at detector.input_size when the file sets it,
+        else at inference.backend (auto being the default)."""
+        if self.inference.backend != "tensorrt" or self.detector.fixed_input_size is not None:
+            return self
+        message = ("TensorRT engines are built for one size: set detector.input_size to [640, 352] for 16:9 "
+                   "cameras ([640, 480] for 4:3) with inference.backend tensorrt")
+        if "input_size" in self.detector.model_fields_set:
+            raise ConfigValueError(message, key=("detector", "input_size"), value=self.detector.input_size)
+        raise ConfigValueError(f"{message} (detector.input_size is auto by default)",
+                               key=("inference", "backend"), value=self.inference.backend)
+
 
 # --- loading ------------------------------------------------------------------------------------------------------
 
@@ -187,6 +201,16 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> AppCo
     return parse_config(read_config_text(Path(path)), str(path), env)
 
 
+def _input_summary(detector: DetectorConfig) -> str:
+    """`640x480`, or with auto what it means for the common camera shapes (the cameras' own sizes are known only
+    once they deliver)."""
+    if detector.fixed_input_size is not None:
+        return detector.describe_input()
+    examples = ", ".join(f"{w}x{h} for {name}" for name, (w, h) in
+                         (("16:9", detector.input_for((1920, 1080))), ("4:3", detector.input_for((1600, 1200)))))
+    return f"input auto per camera shape (long side {detector.max_input_side}: {examples}; smaller frames not enlarged)"
+
+
 def summarize(config: AppConfig) -> str:
     """A few lines for `check-config`, so an operator sees what the daemon would do; credentials masked."""
     lines = [f"cameras: {len(config.cameras)} ({sum(c.enabled for c in config.cameras)} enabled)"]
@@ -194,8 +218,7 @@ def summarize(config: AppConfig) -> str:
         source = camera.source if isinstance(camera.source, int) else mask_secrets(camera.source)
         state = "" if camera.enabled else ", disabled"
         lines.append(f"  {camera.name}: {source} ({camera.source_kind}), {camera.fps:g} fps{state}")
-    width, height = config.detector.input_size
-    lines.append(f"models: detector {config.detector.model} {width}x{height}, "
+    lines.append(f"models: detector {config.detector.model} {_input_summary(config.detector)}, "
                  f"emotion {config.emotion.model} (crop {config.emotion.crop})")
     inference = config.inference
     lines.append(f"inference: {inference.backend} on {inference.device}, {inference.precision}, "

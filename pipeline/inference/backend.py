@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 from pydantic import BaseModel
@@ -78,23 +78,24 @@ class ModelRuntime:
     max_batch: int
     lanes: int = 1
     threads: int = 0
-    batch_step: int = 4
+    batch_step: int = 2
     input_size: tuple[int, int] | None = None
     options: BaseModel | None = None
 
     @classmethod
     def from_config(cls, cfg: InferenceSettings, *, precision: str | None = None,
-                    input_size: tuple[int, int] | None = None) -> ModelRuntime:
+                    input_size: tuple[int, int] | Literal["auto"] | None = None) -> ModelRuntime:
         """The spec for one model from the `inference:` section.
 
         precision: the one this model actually runs in, when it differs from the configured one (a refused int8).
+        input_size: detector.input_size; `auto` (a size per camera shape) fixes none, so the spec carries None.
         A backend's own settings are the `inference:` key named after it (`inference.tensorrt`), so they are passed
         only to the backend that is configured."""
         options = getattr(cfg, cfg.backend, None)
+        size = None if input_size is None or isinstance(input_size, str) else (int(input_size[0]), int(input_size[1]))
         return cls(backend=cfg.backend, device=cfg.device, precision=precision or cfg.precision,
                    max_batch=cfg.max_batch, lanes=cfg.lanes, threads=cfg.threads, batch_step=cfg.batch_step,
-                   input_size=None if input_size is None else (int(input_size[0]), int(input_size[1])),
-                   options=options if isinstance(options, BaseModel) else None)
+                   input_size=size, options=options if isinstance(options, BaseModel) else None)
 
 
 class Backend(ABC):
@@ -118,9 +119,23 @@ class Backend(ABC):
         """Run one batch (leading dimension = batch size) and return every output by name."""
 
     def run_items(self, items: Sequence[Any], lane: int = 0) -> list[dict[str, np.ndarray]]:
-        """Run a batch given as its items (arrays without the batch dimension); one output dict per item.
+        """Run a batch given as its items (arrays without the batch dimension); one output dict per item, in order.
 
-        The batcher calls this: items are stacked into `staging` (pinned memory on GPU backends) when there is one."""
+        The batcher calls this. Items of different shapes (the detector with `input_size: auto` and cameras of
+        different shapes) cannot be stacked: each shape runs as its own batch, one after the other on this lane."""
+        groups: dict[tuple[tuple[int, ...], np.dtype], list[int]] = {}
+        for index, item in enumerate(items):
+            groups.setdefault((item.shape, item.dtype), []).append(index)
+        if len(groups) == 1:
+            return self._run_stacked(items, lane)
+        results: list[dict[str, np.ndarray]] = [{} for _ in items]
+        for indices in groups.values():
+            for index, result in zip(indices, self._run_stacked([items[i] for i in indices], lane)):
+                results[index] = result
+        return results
+
+    def _run_stacked(self, items: Sequence[Any], lane: int) -> list[dict[str, np.ndarray]]:
+        """Items of one shape stacked into `staging` (pinned memory on GPU backends) when there is one, and run."""
         first = items[0]
         buffer = self.staging(lane, len(items), first.shape, first.dtype)
         stacked = np.stack(items, out=buffer)

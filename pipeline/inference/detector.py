@@ -1,4 +1,8 @@
-"""The face detector: RetinaFace behind the shared BatchedModel, with vision's letterbox and decode around it."""
+"""The face detector: RetinaFace behind the shared BatchedModel, with vision's letterbox and decode around it.
+
+The input size is the configuration's fixed one, or with `detector.input_size: auto` one per frame shape
+(DetectorConfig.input_for): cameras of different shapes then send the shared model inputs of different shapes, which
+the backend runs as one group per shape (Backend.run_items)."""
 
 from __future__ import annotations
 
@@ -24,15 +28,21 @@ class FaceDetector:
     def __init__(self, model: BatchedModel, cfg: DetectorConfig) -> None:
         self.model = model
         self.cfg = cfg
-        self.input_size: tuple[int, int] = (int(cfg.input_size[0]), int(cfg.input_size[1]))
-        anchor_grid(self.input_size)  # build the cache once, before the first frame
+        if cfg.fixed_input_size is not None:
+            anchor_grid(cfg.fixed_input_size)  # build the cache once, before the first frame
+
+    def input_for(self, frame_size: tuple[int, int]) -> tuple[int, int]:
+        """The detector input (width, height) a frame of `frame_size` (width, height) is letterboxed into."""
+        return self.cfg.input_for(frame_size)
 
     def submit(self, image: np.ndarray) -> tuple[Future[dict[str, np.ndarray]], Letterbox]:
-        canvas, fit = letterbox(image, self.input_size)
+        height, width = image.shape[:2]
+        canvas, fit = letterbox(image, self.input_for((width, height)))
         return self.model.submit(canvas), fit
 
     def finish(self, outputs: dict[str, np.ndarray], fit: Letterbox) -> list[Detection]:
-        faces = decode(outputs, self.input_size, fit, self.cfg.score_threshold, self.cfg.nms_threshold)
+        """Detections in frame pixels; the input size is found again from the frame size (the same cached rule)."""
+        faces = decode(outputs, self.input_for(fit.frame_size), fit, self.cfg.score_threshold, self.cfg.nms_threshold)
         return filter_faces(faces, self.cfg.min_face_px, self.cfg.max_faces)
 
     def detect(self, image: np.ndarray, timeout: float = 10.0) -> list[Detection]:

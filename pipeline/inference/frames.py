@@ -98,7 +98,7 @@ class FrameGraphs:
             raise BackendError(f"emotion model {classifier.name}: manifest input.size is required")
         self._detector_model = onnx.load(str(detector_path))
         self._classifier_model = onnx.load(str(classifier_path))
-        self._input_size = (int(detector.input_size[0]), int(detector.input_size[1]))
+        self._detector_cfg = detector  # the input size per frame format: fixed, or auto (DetectorConfig.input_for)
         self._crop_size = classifier.input.size
         self._colour = classifier.input.color
         self._max_faces = max(GRAPH_FACES, detector.max_faces)
@@ -108,7 +108,8 @@ class FrameGraphs:
 
     def detector(self, fmt: FrameFormat) -> bytes:
         return self._get("detector", fmt, lambda: detector_frame_graph(
-            self._detector_model, fmt, self._input_size, self._max_faces, self._halve_in_fp16))
+            self._detector_model, fmt, self._detector_cfg.input_for((fmt.width, fmt.height)), self._max_faces,
+            self._halve_in_fp16))
 
     def classifier(self, fmt: FrameFormat) -> bytes:
         return self._get("classifier", fmt, lambda: crop_classify_graph(

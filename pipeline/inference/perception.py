@@ -28,6 +28,7 @@ from pipeline.modelprep.prepare import ensure_model
 log = logging.getLogger(__name__)
 
 RESULT_TIMEOUT_S = 10.0
+WARM_UP_FRAME = (1920, 1080)  # width, height of the frame whose detector input warm_up runs (input_size auto)
 
 
 class PerceptionSettings(Protocol):
@@ -82,9 +83,9 @@ def load_batched_model(manifest: ModelManifest, cfg: InferenceConfig, auto_prepa
                        input_size: tuple[int, int] | None = None) -> BatchedModel:
     """Prepare (if needed), verify and load one model, wrapped in its dynamic batcher.
 
-    input_size: (width, height) when the configuration sets the model's input size (the detector's
-    detector.input_size). The backend is told it because a TensorRT engine is built for one size; a model whose
-    manifest fixes its size ignores it."""
+    input_size: (width, height) when the configuration fixes the model's input size (the detector's
+    detector.input_size; None with auto). The backend is told it because a TensorRT engine is built for one size; a
+    model whose manifest fixes its size ignores it."""
     path, precision = _prepared(manifest, cfg, auto_prepare)
     size = None if manifest.input.size is not None else input_size
     backend = create_backend(ModelRuntime.from_config(cfg, precision=precision, input_size=size), manifest, path)
@@ -103,7 +104,7 @@ class Perception:
     def from_config(cls, cfg: PerceptionSettings, auto_prepare: bool = True) -> Perception:
         det_manifest = load_manifest(cfg.detector.model)
         emo_manifest = load_manifest(cfg.emotion.model)
-        detector_model = load_batched_model(det_manifest, cfg.inference, auto_prepare, cfg.detector.input_size)
+        detector_model = load_batched_model(det_manifest, cfg.inference, auto_prepare, cfg.detector.fixed_input_size)
         emotion_model = load_batched_model(emo_manifest, cfg.inference, auto_prepare)
         return cls(FaceDetector(detector_model, cfg.detector),
                    EmotionClassifier(emotion_model, emo_manifest, cfg.emotion.crop, cfg.emotion.box_margin))
@@ -113,8 +114,9 @@ class Perception:
         return [("detector", self.detector.model), ("emotion", self.classifier.model)]
 
     def warm_up(self) -> None:
-        """One run of each model, so the first camera frame does not pay for lazy initialisation."""
-        width, height = self.detector.input_size
+        """One run of each model, so the first camera frame does not pay for lazy initialisation (with input_size
+        auto, at the input of a 16:9 frame, the commonest camera shape; the cameras' sizes are not known yet)."""
+        width, height = self.detector.input_for(WARM_UP_FRAME)
         self.detector.model.warm_up((height, width, 3), np.dtype(np.uint8))
         w, h = self.classifier.size
         channels = self.classifier.channels

@@ -204,7 +204,8 @@ def _models_status(snapshot: DaemonSnapshot) -> dict[str, Any]:
     for model in snapshot.models:
         models[model.role] = _model_status(model, cfg.inference)
         if model.role in ("detector", "frames"):
-            models[model.role]["input_size"] = list(cfg.detector.input_size)
+            fixed = cfg.detector.fixed_input_size  # None with auto: each camera shape gets its own size
+            models[model.role]["input_size"] = list(fixed) if fixed else f"auto (long side {cfg.detector.max_input_side})"
     return models
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 import cv2
 import numpy as np
@@ -43,6 +43,8 @@ from pipeline.modelprep.manifest import load_manifest
 from pipeline.outputs.events import face_json
 
 log = logging.getLogger(__name__)
+
+DetectorInput = tuple[int, int] | Literal["auto"]  # --detector-input: WxH or auto
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"}
 VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg"}
@@ -69,7 +71,7 @@ class Summary:
     unreadable: list[str] = field(default_factory=list)
     too_small: list[str] = field(default_factory=list)
     unlabelled_folders: Counter[str] = field(default_factory=Counter)
-    detector_input: str | None = None
+    detector_inputs: Counter[str] = field(default_factory=Counter)  # "WxH" → images and frames detected at it
     emotions: Counter[str] = field(default_factory=Counter)
     faces_per_image: Counter[int] = field(default_factory=Counter)
     labelled: int = 0
@@ -86,7 +88,7 @@ class Summary:
             "seconds": round(self.seconds, 2),
             "per_second": round(analysed / self.seconds, 1) if self.seconds else None,
             "stage_ms_mean": {k: round(v / max(analysed, 1), 2) for k, v in self.stage_ms.items()},
-            "detector_input": self.detector_input,
+            "detector_input": ", ".join(self.detector_inputs) or None,  # first used first; None with --cropped
         }
         if self.labelled:
             out["labelled"] = self.labelled
@@ -212,6 +214,7 @@ class Analyzer:
         self.min_face_px = min_face_px
         self.summary = Summary()
         self.progress: Any = None  # a tqdm bar while one is shown
+        self._frame_sizes: set[tuple[int, int]] = set()  # frame sizes whose detector input was logged
         self.write_line: Callable[[str], object] = sys.stdout.write
 
     def image(self, path: Path, label: str | None) -> None:
@@ -224,6 +227,7 @@ class Analyzer:
         self.summary.images += 1
         if not self.cropped and min(image.shape[:2]) < self.min_face_px:
             self.summary.too_small.append(str(path))  # the detector drops every face narrower than this
+        self._note_input(path, image, new_source=False)
         faces = self._faces(image)
         self._emit({"source": str(path), "frame": 0}, faces, label)
 
@@ -231,12 +235,25 @@ class Analyzer:
         frames = _prefetched_frames(path, self.every)
         read_any = False
         for index, frame in frames:
+            self._note_input(path, frame, new_source=not read_any)
             read_any = True
             self.summary.frames += 1
             self._emit({"source": str(path), "frame": index}, self._faces(frame), None)
         if not read_any:
             self.summary.unreadable.append(str(path))
             log.error("%s: unreadable video (unsupported format, corrupt or empty)", path)
+
+    def _note_input(self, path: Path, image: np.ndarray, new_source: bool) -> None:
+        """Count the detector input this image or frame gets, and say it per source: for each video, and for images
+        once per image size (a folder of photos of one size logs one line)."""
+        if not isinstance(self.models, Perception):
+            return
+        height, width = image.shape[:2]
+        size = self.models.detector.input_for((width, height))
+        self.summary.detector_inputs[f"{size[0]}x{size[1]}"] += 1
+        if new_source or (width, height) not in self._frame_sizes:
+            self._frame_sizes.add((width, height))
+            log.info("%s: %dx%d frames, detector input %dx%d", path, width, height, *size)
 
     def _faces(self, image: np.ndarray) -> list[FaceResult]:
         if not isinstance(self.models, Perception):  # --cropped: the image is the face
@@ -271,7 +288,7 @@ class Analyzer:
             self.progress.update(1)
 
 
-def _for_analyze(cfg: AppConfig, crop: str | None, detector_input: tuple[int, int] | None) -> AppConfig:
+def _for_analyze(cfg: AppConfig, crop: str | None, detector_input: DetectorInput | None) -> AppConfig:
     """analyze is one sequential producer: waiting for a batch to fill (max_delay_ms) would only add latency."""
     updates: dict[str, object] = {"inference": cfg.inference.model_copy(update={"max_delay_ms": 0.0})}
     if crop:
@@ -374,14 +391,13 @@ def _load_models(cfg: AppConfig, cropped: bool, detector_input_given: bool) -> P
     if cropped:
         log.info("--cropped: each image is one face, no detector loaded")
         return CroppedModels(cfg)
-    width, height = cfg.detector.input_size
-    log.info("detector input %dx%d (%s)", width, height, "--detector-input" if detector_input_given else
-             "detector.input_size of the config; --detector-input WxH to change")
+    log.info("detector input %s (%s)", cfg.detector.describe_input(), "--detector-input" if detector_input_given
+             else "detector.input_size of the config; --detector-input WxH or auto to change")
     return Perception.from_config(cfg)
 
 
 def run_analyze(cfg: AppConfig, paths: list[Path], every: int = 1, cropped: bool = False,
-                crop: str | None = None, detector_input: tuple[int, int] | None = None) -> int:
+                crop: str | None = None, detector_input: DetectorInput | None = None) -> int:
     """The `analyze` command: 0 when every input was analysed, 2 (SPEC: bad input) when one is missing or
     unreadable, or when nothing at all could be read (a summary of zeros would look like a result)."""
     missing = [str(p) for p in paths if not p.exists()]
@@ -399,7 +415,6 @@ def run_analyze(cfg: AppConfig, paths: list[Path], every: int = 1, cropped: bool
     analyzer = Analyzer(models, every, cfg.detector.min_face_px)
     summary = analyzer.summary
     summary.unlabelled_folders = inputs.unlabelled_folders
-    summary.detector_input = None if cropped else "x".join(str(v) for v in cfg.detector.input_size)
     try:
         models.warm_up()
         started = time.monotonic()

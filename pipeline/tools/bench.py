@@ -5,6 +5,7 @@ Modes:
   capture  — CPU cost of capture alone (decode + pacing), per camera, for N cameras replaying a file in real time.
   engine   — one model alone per precision and batch size (bench_engine.py).
   pipeline — N cameras in real time, batched vs naive design, same run (bench_pipeline.py).
+  soak     — the daemon's resident memory over a long run with periodic camera reconnects (bench_soak.py).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ FER_SCRIPT = Path(__file__).resolve().parent / "bench_fer_baseline.py"
 EXAMPLES = {
     "analyze": """examples:
   run_pipeline.py bench analyze --video ../shared/data/video/woman2.mp4 --repeat 3 --json bench-analyze.json
-  run_pipeline.py bench analyze --video clip.mp4 --detector-input 640x480   # as plain `analyze` runs by default""",
+  run_pipeline.py bench analyze --video clip.mp4 --detector-input auto   # as plain `analyze` runs by default""",
     "capture": """examples:
   run_pipeline.py bench capture --video clip.mp4 --cameras 8 --seconds 10
   run_pipeline.py bench capture --video a.mp4 --video b.mp4 --json capture.json --plot capture.png""",
@@ -37,6 +38,9 @@ EXAMPLES = {
     "pipeline": """examples:
   run_pipeline.py bench pipeline                          # 4 demo cameras, batched vs naive, 20 s each
   run_pipeline.py bench pipeline --video clip.mp4 --cameras 8 --fps 15 --detector-input 320x256 --plot p.png""",
+    "soak": """examples:
+  run_pipeline.py bench soak --rtsp-server ../shared/data/video/group_1080p.mp4 --json soak.json   # 40 min, 4 cameras
+  run_pipeline.py bench soak --rtsp-server clip.mp4 --duration-min 4 --reconnect-every-s 20 --warmup-min 1""",
 }
 
 
@@ -61,10 +65,11 @@ def add_bench_args(parser: argparse.ArgumentParser, parents: list[argparse.Argum
                               "config/default.yaml)")
     analyze.add_argument("--fer-python", type=Path, default=Path("/opt/fer-venv/bin/python"), metavar="PYTHON",
                          help="interpreter of a venv with tensorflow-cpu and fer==25.10.3 (skip fer if absent)")
-    analyze.add_argument("--detector-input", default="320x192", metavar="WxH",
-                         help="our detector input size (default 320x192: fits 16:9 video at 320 px wide; plain "
-                              "`analyze` uses the config's detector.input_size instead, 640x480 by default: both "
-                              "are printed)")
+    analyze.add_argument("--detector-input", default="320x192", metavar="WxH|auto",
+                         help="our detector input size (default 320x192: fits 16:9 video at 320 px wide, the size "
+                              "BENCHMARKS.md's comparison with fer used; plain `analyze` uses the config's "
+                              "detector.input_size instead, auto by default: both are printed, with the size "
+                              "each run used)")
     analyze.add_argument("--repeat", type=int, default=2, help="alternate the two tools this many times each")
     analyze.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the results here")
 
@@ -79,6 +84,7 @@ def add_bench_args(parser: argparse.ArgumentParser, parents: list[argparse.Argum
 
     from pipeline.tools.bench_engine import add_engine_args
     from pipeline.tools.bench_pipeline import add_pipeline_args
+    from pipeline.tools.bench_soak import add_soak_args
 
     add_engine_args(mode_parser("engine", "one model alone: throughput and latency per precision and batch size"))
     add_pipeline_args(mode_parser("pipeline", "N cameras in real time: the batched design vs a naive one, same run"))
@@ -88,6 +94,9 @@ def add_bench_args(parser: argparse.ArgumentParser, parents: list[argparse.Argum
         for action in mode._actions:  # options a mode's own module declares without a text get the common one
             if action.help is None and action.dest in COMMON_HELP:
                 action.metavar, action.help = COMMON_HELP[action.dest]
+    # soak is added after the loop: no --plot (its figures are a time series, in --json)
+    add_soak_args(mode_parser("soak", "the daemon's resident memory over a long run in which every camera "
+                                      "reconnects periodically"))
 
 
 def machine() -> dict[str, object]:
@@ -115,6 +124,7 @@ def _ours(video: Path, config: Path, detector_input: str) -> dict[str, object]:
         raise RuntimeError(f"analyze failed: {done.stderr.strip()[-500:]}")
     summary = json.loads(lines[-1][len("summary: "):])
     return {"tool": "ours", "frames": summary["frames"], "faces": summary["faces"],
+            "detector_input_used": summary.get("detector_input"),
             "fps": summary["per_second"], "per_stage_ms": summary["stage_ms_mean"], "emotions": summary["emotions"]}
 
 
@@ -149,13 +159,15 @@ def _config_detector_input(config: Path) -> str:
     """What plain `analyze` would use with this config (its detector.input_size), to print beside ours."""
     from pipeline.config.app import load_config
 
-    return "x".join(str(v) for v in load_config(config).detector.input_size)
+    return load_config(config).detector.describe_input()
 
 
 def print_analyze_table(result: dict[str, object]) -> None:
     best: dict[str, dict[str, object]] = result["best"]  # type: ignore[assignment]
-    print(f"ours: detector input {result['detector_input']} (bench analyze --detector-input); plain `analyze` "
-          f"uses the config's detector.input_size, {result.get('analyze_detector_input', '?')}")
+    used = best.get("ours", {}).get("detector_input_used")
+    print(f"ours: detector input {result['detector_input']} (bench analyze --detector-input)"
+          f"{f', used {used} for this video' if used and used != result['detector_input'] else ''}; plain "
+          f"`analyze` uses the config's detector.input_size, {result.get('analyze_detector_input', '?')}")
     print(f"{'tool':6} {'frames':>7} {'faces':>6} {'fps':>8}  per-stage ms")
     for tool, r in best.items():
         stages = ", ".join(f"{k} {v}" for k, v in dict(r.get("per_stage_ms") or {}).items())  # type: ignore[call-overload]
@@ -208,16 +220,18 @@ def print_capture_table(result: dict[str, object]) -> None:
 def run_bench(args: argparse.Namespace) -> int:
     from pipeline.tools.bench_engine import bench_engine, print_engine_table
     from pipeline.tools.bench_pipeline import bench_pipeline, print_pipeline_table
+    from pipeline.tools.bench_soak import bench_soak, print_soak_table
 
     modes = {"analyze": (bench_analyze, print_analyze_table), "capture": (bench_capture, print_capture_table),
-             "engine": (bench_engine, print_engine_table), "pipeline": (bench_pipeline, print_pipeline_table)}
+             "engine": (bench_engine, print_engine_table), "pipeline": (bench_pipeline, print_pipeline_table),
+             "soak": (bench_soak, print_soak_table)}
     measure, show = modes[args.bench_mode]
     result = measure(args)
     result.setdefault("machine", machine())
     show(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    if args.plot:  # last: a plot that cannot be drawn loses none of the figures above
+    if getattr(args, "plot", None):  # last (soak has none): a plot that cannot be drawn loses none of the figures
         from pipeline.tools.bench_plot import PlotError, save_plot
         from pipeline.tools.usage import UsageError
 

@@ -48,12 +48,14 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
                         help="which design to measure (default both, one after the other in this run)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="inference.device")
     parser.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32", help="inference.precision")
-    parser.add_argument("--detector-input", default="320x192", metavar="WxH",
-                        help="detector.input_size for this run (default 320x192; the config's value is not used)")
+    parser.add_argument("--detector-input", default="auto", metavar="WxH|auto",
+                        help="detector.input_size for this run (default auto: the video's aspect ratio, long side "
+                             "640, e.g. 640x352 for 1080p; the config's value is not used); the size used is "
+                             "printed")
     parser.add_argument("--max-batch", type=int, default=32, help="inference.max_batch (batched design)")
     parser.add_argument("--max-delay-ms", type=float, default=4.0, help="inference.max_delay_ms (batched design)")
     parser.add_argument("--lanes", type=int, default=1, help="inference.lanes (batched design)")
-    parser.add_argument("--batch-step", type=int, default=4, help="CUDA: pad batches to powers of this")
+    parser.add_argument("--batch-step", type=int, default=2, help="CUDA: pad batches to powers of this")
     parser.add_argument("--frame-path", choices=["auto", "opencv", "graph"], default="auto",
                         help="inference.frame_path: letterbox, NMS and crops in OpenCV on the host, or in the frame "
                              "graphs (auto: graph on cuda)")
@@ -73,7 +75,6 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
 
 def _config(args: argparse.Namespace, naive: bool) -> AppConfig:
     base = load_config(args.config)
-    width, height = (int(v) for v in args.detector_input.lower().split("x"))
     cameras = [CameraConfig(name=f"cam{i}", source=str(args.video), loop=True, fps=args.fps,
                             decode_threads=args.decode_threads, nice=args.capture_nice, decode=args.decode)
                for i in range(args.cameras)]
@@ -81,8 +82,27 @@ def _config(args: argparse.Namespace, naive: bool) -> AppConfig:
         "device": args.device, "precision": args.precision,
         "max_batch": 1 if naive else args.max_batch, "max_delay_ms": 0.0 if naive else args.max_delay_ms,
         "lanes": 1 if naive else args.lanes, "batch_step": args.batch_step, "frame_path": args.frame_path})
-    detector = type(base.detector).model_validate(base.detector.model_dump() | {"input_size": (width, height)})
+    detector = type(base.detector).model_validate(base.detector.model_dump() | {
+        "input_size": _detector_input(args.detector_input)})
     return base.model_copy(update={"cameras": cameras, "inference": inference, "detector": detector})
+
+
+def _detector_input(text: str) -> tuple[int, int] | str:
+    """--detector-input: `auto` or WxH."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    width, height = (int(v) for v in text.lower().split("x"))
+    return width, height
+
+
+def _input_used(cfg: AppConfig, video: Path) -> str:
+    """The detector input the cameras' frames get, for the table and the JSON: `640x352 for 1920x1080 frames`
+    (the demo clip, whose size is not known before it plays: the setting only)."""
+    fmt = _video_format(video, nvdec=False)
+    if fmt is None:
+        return cfg.detector.describe_input()
+    width, height = cfg.detector.input_for((fmt.width, fmt.height))
+    return f"{width}x{height} for {fmt.width}x{fmt.height} frames"
 
 
 class _Recorder:
@@ -168,7 +188,8 @@ def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
     for perception in unique:
         perception.close()  # type: ignore[union-attr]
     return _summary(args, naive, wall, frames_in, analysed, recorder, usage0, usage1, rss_mb, peak_mb, gpu_mb,
-                    batch_stats) | {"threads": threads, "decode_threads": args.decode_threads, "decode": args.decode,
+                    batch_stats) | {"detector_input_used": _input_used(cfg, args.video), "threads": threads,
+                                      "decode_threads": args.decode_threads, "decode": args.decode,
                                       "frame_path": "graph" if cfg.inference.graph_frames else "opencv",
                                       "decoder": _decoder_kind(captures), "gpu_utilisation": utilisation,
                                       "capture_nice": args.capture_nice}
@@ -245,8 +266,9 @@ def bench_pipeline(args: argparse.Namespace) -> dict[str, Any]:
 
 def print_pipeline_table(result: dict[str, Any]) -> None:
     decoders = ",".join(sorted({r.get("decoder", "cpu") for r in result["results"]}))
-    print(f"{result['video']} on {result['device']} {result['precision']}, detector {result['detector_input']}, "
-          f"decoded by {decoders}")
+    used = result["results"][0].get("detector_input_used", "") if result["results"] else ""
+    print(f"{result['video']} on {result['device']} {result['precision']}, detector {result['detector_input']}"
+          f"{f' ({used})' if used and used != result['detector_input'] else ''}, decoded by {decoders}")
     print(f"{'mode':8} {'path':6} {'cams':>4} {'fps/cam':>8} {'skip%':>6} {'p50':>7} {'p95':>7} {'p99':>7} "
           f"{'CPU%':>6} {'RSS MB':>7} {'GPU MB':>7}  mean batch")
     for r in result["results"]:

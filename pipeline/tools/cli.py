@@ -12,6 +12,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Literal
 
 from pipeline.config.app import AppConfig, ConfigError, load_config, summarize
 from pipeline.inference.backend import BackendError
@@ -147,7 +148,7 @@ examples:
   run_pipeline.py analyze clip.mp4 --every 5 > clip.jsonl   # every 5th frame of a video
   run_pipeline.py analyze dataset/                          # dataset/<emotion>/*.jpg: accuracy in the summary
   run_pipeline.py analyze --cropped fer2013/                # images that are already face crops (no detector)
-  run_pipeline.py analyze clip.mp4 --detector-input 320x192 # faster, finds fewer small faces"""
+  run_pipeline.py analyze clip.mp4 --detector-input 320x192 # faster, finds fewer small faces (default: auto)"""
 
 BENCH_EXAMPLES = """\
 examples:
@@ -156,6 +157,7 @@ examples:
   run_pipeline.py bench analyze --video clip.mp4 --repeat 3
   run_pipeline.py bench engine --model emotion --batch 1,8,32
   run_pipeline.py bench capture --video clip.mp4 --cameras 4
+  run_pipeline.py bench soak --rtsp-server clip.mp4           # 40 min: memory with a reconnect every 5 min
   run_pipeline.py bench MODE --help                         # the options of one mode"""
 
 
@@ -192,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="which prepared ONNX to build from (default: inference.precision)")
     engine.add_argument("--max-batch", type=int, default=None, help="largest batch (default: inference.max_batch)")
     engine.add_argument("--input-size", type=_size, default=None, metavar="WxH",
-                        help="detector input size (default: the config's detector.input_size)")
+                        help="detector input size (default: the config's detector.input_size; required when "
+                             "that is auto, e.g. 640x352 for 16:9 cameras: an engine is built for one size)")
     engine.add_argument("--config", type=Path, default=DEFAULT_CONFIG, metavar="PATH",
                         help="YAML config for the models and inference settings (default: config/default.yaml)")
     engine.add_argument("--force", action="store_true", help="rebuild even if a matching engine exists")
@@ -220,6 +223,11 @@ def _size(text: str) -> tuple[int, int]:
     return width, height
 
 
+def _detector_input(text: str) -> tuple[int, int] | Literal["auto"]:
+    """`auto` or WxH, as detector.input_size takes."""
+    return "auto" if text.strip().lower() == "auto" else _size(text)
+
+
 def _add_analyze_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", nargs="+", type=Path, metavar="PATH",
                         help="image, video or folder (walked recursively; <emotion>/<file> or a labels.csv of "
@@ -231,9 +239,10 @@ def _add_analyze_args(parser: argparse.ArgumentParser) -> None:
                         help="videos: analyse every Nth frame (default 1: every frame)")
     parser.add_argument("--cropped", action="store_true", help="each image is one face crop: skip detection")
     parser.add_argument("--crop", choices=["align", "box"], default=None, help="override emotion.crop")
-    parser.add_argument("--detector-input", type=_size, default=None, metavar="WxH",
-                        help="override detector.input_size (default: the config's, 640x480 in "
-                             "config/default.yaml; `bench analyze` uses 320x192), e.g. 320x192")
+    parser.add_argument("--detector-input", type=_detector_input, default=None, metavar="WxH|auto",
+                        help="override detector.input_size (default: the config's, auto in config/default.yaml: "
+                             "the frame's aspect ratio, long side detector.max_input_side, e.g. 640x352 for 1080p; "
+                             "`bench analyze` uses 320x192), e.g. 320x192; the size used is logged per source")
 
 
 def _add_run_args(parser: argparse.ArgumentParser) -> None:

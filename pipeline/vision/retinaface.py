@@ -1,5 +1,6 @@
-"""RetinaFace's pre- and post-processing: letterbox to a fixed size (so frames of any camera batch together),
-vectorised decode of the candidates the graph keeps, NMS, and the size/count filter. Pure functions on arrays.
+"""RetinaFace's pre- and post-processing: letterbox to the detector input (one size, or one per camera shape with
+`detector.input_size: auto`: frames of one input size batch together), vectorised decode of the candidates the
+graph keeps, NMS, and the size/count filter. Pure functions on arrays.
 
 The prepared model takes uint8 BGR NHWC pixels; mean subtraction happens inside the graph (modelprep.graph_edit).
 """
@@ -20,6 +21,8 @@ CENTER_VARIANCE = 0.1
 SIZE_VARIANCE = 0.2
 # Padding colour = the model's training mean (BGR), so padded pixels are zero after normalisation.
 PAD_BGR = (104, 117, 123)
+# Each side of the detector input divides by the largest feature stride.
+INPUT_STEP = STRIDES[-1]
 
 
 @dataclass(frozen=True)
@@ -33,11 +36,34 @@ class Letterbox:
 def fit_size(frame_size: tuple[int, int], size: tuple[int, int]) -> tuple[float, tuple[int, int]]:
     """The letterbox geometry of a frame of `frame_size` (width, height) in `size`: its scale and resized size.
 
-    One definition, used by `letterbox` here and by the frame graphs (modelprep.frame_graphs)."""
+    The scale is capped at 1: a frame smaller than the input is padded, never enlarged (upscaling invents no detail
+    and costs the detector the same as a real large frame). One definition, used by `letterbox` here and by the
+    frame graphs (modelprep.frame_graphs)."""
     width, height = frame_size
     target_w, target_h = size
-    scale = min(target_w / width, target_h / height)
+    scale = min(target_w / width, target_h / height, 1.0)
     return scale, (min(target_w, max(1, round(width * scale))), min(target_h, max(1, round(height * scale))))
+
+
+def _round_up(value: int, step: int = INPUT_STEP) -> int:
+    return max(step, -(-value // step) * step)
+
+
+@lru_cache(maxsize=256)
+def auto_input_size(frame_size: tuple[int, int], max_side: int) -> tuple[int, int]:
+    """The detector input (width, height) that follows a frame's aspect ratio (`detector.input_size: auto`).
+
+    A fixed 640x480 input spends a quarter of its pixels on padding for a 16:9 camera. Here the input's long side
+    is `max_side` and the other side the multiple of 32 nearest to the frame's proportion of it (at least 32):
+    1920x1080 and 1280x720 → 640x352, 640x480 → 640x480, portrait 1080x1920 → 352x640. A frame whose long side
+    fits within `max_side` is not enlarged (fit_size never upscales): its input is the frame rounded up to
+    multiples of 32, so 596x336 → 608x352 at scale 1. Cached: called for every frame, with few distinct sizes."""
+    width, height = int(frame_size[0]), int(frame_size[1])
+    if max(width, height) <= max_side:
+        return _round_up(width), _round_up(height)
+    nearest = int(max_side * min(width, height) / max(width, height) / INPUT_STEP + 0.5)  # halves round up
+    short = max(INPUT_STEP, nearest * INPUT_STEP)
+    return (max_side, short) if width >= height else (short, max_side)
 
 
 def halvings(size: tuple[int, int], target: tuple[int, int]) -> int:
@@ -77,7 +103,7 @@ def shrink(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return cv2.resize(image, (target_w, target_h), interpolation=cv2.INTER_LINEAR)
 
 
-@lru_cache(maxsize=8)
+@lru_cache(maxsize=32)  # one per input size in use: with input_size auto, one per camera shape
 def anchor_grid(size: tuple[int, int]) -> np.ndarray:
     """Anchors (cx, cy, w, h) in input pixels for an input of `size`, in the network's output order.
 

@@ -25,6 +25,8 @@ from pipeline.inference.gpu.cuda import DeviceBuffer, PinnedBuffer, Stream
 
 log = logging.getLogger(__name__)
 
+_Item = tuple[tuple[int, ...], np.dtype[Any]]  # one batch item's shape and dtype
+
 
 class CudaLane:
     """One stream, with pinned/device buffers for `max_batch` items and one session per padded batch size.
@@ -48,41 +50,45 @@ class CudaLane:
         self._max_batch = max_batch
         self._step = step
         self._lock = threading.Lock()
-        self._sessions: dict[int, tuple[Any, Any]] = {}  # bucket -> (session, io binding)
-        self._pinned: PinnedBuffer | None = None
-        self._device: DeviceBuffer | None = None
-        self._item: tuple[tuple[int, ...], np.dtype[Any]] | None = None
+        # Per item shape (cameras of different aspect ratios give the detector different input sizes, see
+        # detector.input_size: auto): (bucket, item shape) -> (session, io binding), and the shape's staging buffers.
+        self._sessions: dict[tuple[int, tuple[int, ...]], tuple[Any, Any]] = {}
+        self._buffers: dict[_Item, tuple[PinnedBuffer, DeviceBuffer]] = {}
         self._stream: Stream | None = Stream(what)
 
-    def _session_for(self, bucket: int, stream: Stream) -> tuple[Any, Any]:
-        entry = self._sessions.get(bucket)
+    def _session_for(self, bucket: int, item_shape: tuple[int, ...], stream: Stream) -> tuple[Any, Any]:
+        entry = self._sessions.get((bucket, item_shape))
         if entry is None:
             session = self._session_factory(stream.handle)
             entry = (session, session.io_binding())
-            self._sessions[bucket] = entry
+            self._sessions[(bucket, item_shape)] = entry
         return entry
 
     def staging(self, batch: int, item_shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-        """Pinned host memory for `batch` items; (re)allocated when the item shape changes."""
+        """Pinned host memory for `batch` items of this shape (allocated the first time the shape is met)."""
         with self._lock:
             return self._staging(batch, item_shape, np.dtype(dtype))
 
     def _staging(self, batch: int, item_shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
         if self._stream is None:
             raise BackendError(f"{self.what} is closed")
-        pinned = self._pinned
-        if pinned is None or self._item != (item_shape, dtype):
-            pinned = self._allocate(item_shape, dtype)
+        pinned, _ = self._buffers_for((tuple(item_shape), dtype))
         return pinned.view((self._max_batch, *item_shape), dtype)[:batch]
 
-    def _allocate(self, item_shape: tuple[int, ...], dtype: np.dtype[Any]) -> PinnedBuffer:
-        self._release()
-        nbytes = math.prod((self._max_batch, *item_shape)) * dtype.itemsize
-        self._pinned = PinnedBuffer(f"{self.what} input staging", nbytes)
-        self._device = DeviceBuffer(f"{self.what} input", nbytes)
-        self._item = (item_shape, dtype)
-        log.debug("%s buffers: %s x %s %s", self.what, self._max_batch, item_shape, dtype)
-        return self._pinned
+    def _buffers_for(self, item: _Item) -> tuple[PinnedBuffer, DeviceBuffer]:
+        buffers = self._buffers.get(item)
+        if buffers is None:
+            item_shape, dtype = item
+            nbytes = math.prod((self._max_batch, *item_shape)) * dtype.itemsize
+            pinned = PinnedBuffer(f"{self.what} input staging {item_shape}", nbytes)
+            try:
+                device = DeviceBuffer(f"{self.what} input {item_shape}", nbytes)
+            except BackendError:
+                pinned.close()
+                raise
+            buffers = self._buffers[item] = (pinned, device)
+            log.debug("%s buffers: %s x %s %s", self.what, self._max_batch, item_shape, dtype)
+        return buffers
 
     def bucket(self, batch: int) -> int:
         return padded_size(batch, self._step, self._max_batch)
@@ -103,14 +109,13 @@ class CudaLane:
                 raise BackendError(f"{self.what} is closed")
             count = len(batch)
             padded = self.bucket(count)
-            staged = self._staging(padded, batch.shape[1:], batch.dtype)
+            item_shape = tuple(batch.shape[1:])
+            staged = self._staging(padded, item_shape, batch.dtype)
             if staged.__array_interface__["data"][0] != batch.__array_interface__["data"][0]:
                 staged[:count] = batch  # the batcher did not stack into our staging buffer
-            device = self._device
-            if device is None:
-                raise BackendError(f"{self.what}: no device input buffer")
+            _, device = self._buffers_for((item_shape, np.dtype(batch.dtype)))
             stream.copy_in(device, staged)
-            session, binding = self._session_for(padded, stream)
+            session, binding = self._session_for(padded, item_shape, stream)
             binding.bind_input(self._input, "cuda", 0, batch.dtype, [padded, *batch.shape[1:]], device.ptr)
             binding.clear_binding_outputs()
             for name in self._outputs:
@@ -119,11 +124,9 @@ class CudaLane:
             return {name: value[:count] for name, value in zip(self._outputs, binding.copy_outputs_to_cpu())}
 
     def _release(self) -> None:
-        pinned, device = self._pinned, self._device
-        self._pinned, self._device, self._item = None, None, None
-        if pinned is not None:
+        buffers, self._buffers = list(self._buffers.values()), {}
+        for pinned, device in buffers:
             pinned.close()
-        if device is not None:
             device.close()
 
     def close(self) -> None:

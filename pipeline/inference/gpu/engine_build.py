@@ -34,7 +34,7 @@ from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -387,22 +387,27 @@ def ensure_engine(key: EngineKey, onnx_path: Path, channels: int, *, fixed_size:
 
 
 def engine_key(manifest: ModelManifest, onnx_path: Path, precision: str, max_batch: int,
-               input_size: tuple[int, int] | None, device: CudaDevice, tensorrt_version: str) -> EngineKey:
-    """The key for this model on this GPU; the input size is the manifest's when fixed, else `input_size`."""
+               input_size: tuple[int, int] | Literal["auto"] | None, device: CudaDevice,
+               tensorrt_version: str) -> EngineKey:
+    """The key for this model on this GPU; the input size is the manifest's when fixed, else `input_size`
+    (detector.input_size: `auto`, a size per camera shape, names none, and an engine is built for one)."""
     from pipeline.modelprep.prepare import (
         sha256_of,  # here, not above: it loads onnx, and the settings import us
     )
 
     size = manifest.input.size or input_size
-    if size is None:
-        raise BackendError(f"{manifest.name}: its input size is set by the config (detector.input_size), "
-                           "and none was given")
+    if size is None or isinstance(size, str):
+        raise BackendError(f"{manifest.name}: its input size is set by the config (detector.input_size), and "
+                           f"{'it is auto' if size else 'none was given'}: a TensorRT engine is built for one "
+                           "size: set detector.input_size (e.g. [640, 352] for 16:9 cameras) or give build-engine "
+                           "--input-size WxH")
     return EngineKey(manifest.name, sha256_of(onnx_path), precision, int(max_batch),
                      (int(size[0]), int(size[1])), device.name, device.compute_capability, tensorrt_version)
 
 
 def build_for_cli(manifest: ModelManifest, onnx_path: Path, precision: str, max_batch: int,
-                  input_size: tuple[int, int] | None, *, force: bool = False, engines_dir: Path = ENGINES_DIR,
+                  input_size: tuple[int, int] | Literal["auto"] | None, *, force: bool = False,
+                  engines_dir: Path = ENGINES_DIR,
                   workspace_bytes: int = DEFAULT_WORKSPACE_BYTES) -> BuildResult:
     """What `run_pipeline.py build-engine` does for one model (on GPU 0, in its primary context)."""
     version = require_gpu_packages()
