@@ -132,6 +132,16 @@ def test_health_rule_fails_outputs_on_failures_in_a_row_or_long_silence() -> Non
 # ------------------------------------------------------------------------------------------------ the daemon
 
 
+def _output_health_metric(base: str) -> dict[str, float]:
+    """emotion_output_healthy per output, read from /metrics with Prometheus's own parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    family = next(f for f in text_string_to_metric_families(text) if f.name == "emotion_output_healthy")
+    return {sample.labels["output"]: sample.value for sample in family.samples}
+
+
 def test_dead_receivers_fail_healthz_until_real_ones_listen(prepared_models: None, tmp_path: Path) -> None:
     hook_port, osc_port, port = free_port(), _free_udp_port(), free_port()
     config = write_config(
@@ -159,6 +169,7 @@ def test_dead_receivers_fail_healthz_until_real_ones_listen(prepared_models: Non
         for name in ("webhook", "osc"):
             assert not sinks[name]["healthy"] and sinks[name]["failed"] >= 3 and sinks[name]["last_error"], sinks
         assert HOOK_KEY not in json.dumps(status) + json.dumps(health)
+        assert _output_health_metric(base) == {"stdout": 1.0, "webhook": 0.0, "osc": 0.0}
 
         with HookServer(port=hook_port) as hook, OscListener(osc_port) as osc:
             daemon.wait_for(lambda: _get(base + "/healthz")[0] == 200, 90, "/healthz 200 once the receivers listen")
@@ -167,6 +178,7 @@ def test_dead_receivers_fail_healthz_until_real_ones_listen(prepared_models: Non
             assert all(s["healthy"] for s in sinks.values()), sinks
             assert sinks["webhook"]["sent"] > 0 and sinks["osc"]["sent"] > 0
             assert hook.requests and osc.messages > 0
+            assert _output_health_metric(base) == {"stdout": 1.0, "webhook": 1.0, "osc": 1.0}
         code, _ = daemon.terminate()
         assert code == 0
     finally:

@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from pipeline.core.types import Observation
 from pipeline.service.snapshot import DaemonSnapshot, ModelView
+from pipeline.service.status import output_problem
 
 PREFIX = "emotion"
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
@@ -201,11 +202,14 @@ class _LiveCollector(Collector):
                                       "was full.", labels=labels)
         failed = CounterMetricFamily(f"{PREFIX}_output_events_failed", "Events the output failed to deliver.",
                                      labels=labels)
+        healthy = GaugeMetricFamily(f"{PREFIX}_output_healthy", "1 while the output delivers (its thread runs and "
+                                    "it is not failing by /healthz's rule), else 0.", labels=labels)
         for out in snap.outputs:
             sent.add_metric([out.label], out.sent)
             dropped.add_metric([out.label], out.dropped)
             failed.add_metric([out.label], out.failed)
-        yield from (sent, dropped, failed)
+            healthy.add_metric([out.label], int(out.alive and output_problem(out, snap.taken_mono) is None))
+        yield from (sent, dropped, failed, healthy)
         clients = GaugeMetricFamily(f"{PREFIX}_websocket_clients", "Connected /ws clients.")
         clients.add_metric([], snap.ws_clients)
         yield clients
