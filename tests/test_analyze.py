@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.core.types import EMOTIONS
 from tests.conftest import data_path, run_cli
 
 
@@ -26,6 +27,14 @@ def test_cropped_fer2013_accuracy(prepared_models: None) -> None:
     summary = _summary(done.stderr)
     assert summary["images"] == 350 and summary["labelled"] == 350
     assert float(summary["accuracy"]) >= 0.70  # type: ignore[arg-type]
+    # Per-class recall and the confusion matrix, recomputed from the per-image lines (50 crops per emotion).
+    confusion: dict[str, dict[str, int]] = summary["confusion"]  # type: ignore[assignment]
+    assert set(confusion) == set(EMOTIONS) and all(sum(row.values()) == 50 for row in confusion.values())
+    for label in EMOTIONS:
+        answers = [max(r["faces"][0]["probs"], key=r["faces"][0]["probs"].get) for r in lines if r["label"] == label]
+        assert {a: answers.count(a) for a in set(answers)} == {a: n for a, n in confusion[label].items() if n}
+        assert summary["recall"][label] == round(answers.count(label) / 50, 4)  # type: ignore[index]
+    assert sum(confusion[e][e] for e in EMOTIONS) == round(float(summary["accuracy"]) * 350)  # type: ignore[arg-type]
 
 
 def test_wild_photos_one_face_each_and_accuracy_reported(prepared_models: None) -> None:

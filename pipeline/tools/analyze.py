@@ -49,6 +49,7 @@ DetectorInput = tuple[int, int] | Literal["auto"]  # --detector-input: WxH or au
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"}
 VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg"}
 EXIT_BAD_INPUT = 2  # SPEC.md: `analyze` exits 2 on unreadable input
+NO_FACE = "no_face"  # the confusion matrix's column for a labelled image in which no face was found
 
 # Folder and labels.csv names that datasets use for the seven emotions (compared lower-case). `calm` and
 # `contempt` are deliberately absent: neither is one of the seven, and guessing would bias the accuracy.
@@ -76,6 +77,7 @@ class Summary:
     faces_per_image: Counter[int] = field(default_factory=Counter)
     labelled: int = 0
     correct: int = 0
+    confusion: Counter[tuple[str, str]] = field(default_factory=Counter)  # (label, answer or NO_FACE) → images
     stage_ms: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
 
@@ -93,6 +95,7 @@ class Summary:
         if self.labelled:
             out["labelled"] = self.labelled
             out["accuracy"] = round(self.correct / self.labelled, 4)
+            out.update(self._per_class())
         if self.unlabelled_folders:
             out["unlabelled_folders"] = dict(sorted(self.unlabelled_folders.items()))
         if self.too_small:
@@ -100,6 +103,15 @@ class Summary:
         if self.unreadable:
             out["unreadable"] = self.unreadable
         return out
+
+    def _per_class(self) -> dict[str, object]:
+        """Recall per labelled emotion and the confusion matrix (rows: label; columns: the answer, or NO_FACE when
+        the detector found none), so a model's weak classes show in one command."""
+        labels = [e for e in EMOTIONS if any(label == e for label, _ in self.confusion)]
+        columns = [*EMOTIONS, NO_FACE]
+        rows = {label: {answer: self.confusion[(label, answer)] for answer in columns} for label in labels}
+        recall = {label: round(row[label] / max(1, sum(row.values())), 4) for label, row in rows.items()}
+        return {"recall": recall, "confusion": rows}
 
 
 @dataclass
@@ -274,9 +286,10 @@ class Analyzer:
         for face in faces:
             self.summary.emotions[face.scores.emotion] += 1
         if label is not None:
+            answer = max(faces, key=lambda f: f.detection.area).scores.emotion if faces else NO_FACE
             self.summary.labelled += 1
-            if faces and max(faces, key=lambda f: f.detection.area).scores.emotion == label:
-                self.summary.correct += 1
+            self.summary.correct += answer == label
+            self.summary.confusion[(label, answer)] += 1
         record = dict(head, faces=[face_json(f, with_track=False) for f in faces])
         if label is not None:
             record["label"] = label
