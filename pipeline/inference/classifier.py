@@ -17,7 +17,8 @@ from pipeline.vision.faces import FaceCropper
 class EmotionClassifier:
     """Cuts faces as the manifest says and reads the seven canonical emotions through a shared BatchedModel."""
 
-    def __init__(self, model: BatchedModel, manifest: ModelManifest, crop: str = "box", box_margin: float = 0.0):
+    def __init__(self, model: BatchedModel, manifest: ModelManifest, crop: str = "box", box_margin: float = 0.0,
+                 flip: bool = False):
         if manifest.input.size is None:
             raise ValueError(f"emotion model {manifest.name}: manifest input.size is required")
         self.model = model
@@ -25,6 +26,7 @@ class EmotionClassifier:
         self.size: tuple[int, int] = manifest.input.size
         self._order = np.asarray(manifest.canonical_order())
         self._output = manifest.outputs[0]
+        self.flip = flip
 
     @property
     def channels(self) -> int:
@@ -46,5 +48,20 @@ class EmotionClassifier:
         return EmotionScores(probs / max(float(probs.sum()), 1e-9))
 
     def classify(self, crops: Sequence[np.ndarray], timeout: float = 10.0) -> list[EmotionScores]:
-        """Submit every crop at once (they batch together) and wait for all."""
-        return [self.scores(f.result(timeout=timeout)) for f in self.submit(crops)]
+        """Submit every crop at once (they batch together) and wait for all; with flip, each crop's mirror image goes
+        in the same batch and the two probability vectors are averaged."""
+        if not self.flip:
+            return [self.scores(f.result(timeout=timeout)) for f in self.submit(crops)]
+        mirrors = [np.ascontiguousarray(crop[:, ::-1]) for crop in crops]
+        futures = self.submit([*crops, *mirrors])
+        probs = [self._probs(f.result(timeout=timeout)) for f in futures]
+        return [EmotionScores(mean_of_pair(probs[i], probs[i + len(crops)])) for i in range(len(crops))]
+
+    def _probs(self, outputs: dict[str, np.ndarray]) -> np.ndarray:
+        return np.asarray(outputs[self._output], dtype=np.float32)[self._order]
+
+
+def mean_of_pair(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """The average of a face's and its mirror's probabilities, normalised to sum to 1."""
+    mean = (np.asarray(first, np.float32) + np.asarray(second, np.float32)) / 2
+    return mean / max(float(mean.sum()), 1e-9)

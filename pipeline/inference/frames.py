@@ -36,6 +36,7 @@ import onnx
 from pipeline.core.types import Detection, EmotionScores, FrameImage
 from pipeline.inference.backend import BackendError
 from pipeline.inference.batching import BatchedModel
+from pipeline.inference.classifier import mean_of_pair
 from pipeline.inference.settings import DetectorConfig, EmotionConfig, InferenceConfig
 from pipeline.modelprep.frame_graphs import (
     FACE_BOX,
@@ -168,6 +169,15 @@ class HostFrameLane:
         self._frames = None
 
 
+def mirrored(inverse: np.ndarray, width: int) -> np.ndarray:
+    """Inverse crop affines [F, 2, 3] whose crops are the mirror images of `inverse`'s: output column x samples
+    where column width-1-x did, exactly as crop[:, ::-1] (the OpenCV path's flip)."""
+    out = inverse.copy()
+    out[:, :, 0] = -inverse[:, :, 0]
+    out[:, :, 2] = inverse[:, :, 2] + (width - 1) * inverse[:, :, 0]
+    return out
+
+
 class FrameEngine:
     """The BatchRunner of the frame graphs path: a batch of frames (any cameras) → one FrameResult per frame."""
 
@@ -223,11 +233,19 @@ class FrameEngine:
         t1 = time.monotonic()
         faces = [self._faces(outputs, index, fmt) for index in range(len(items))]
         matrices, frame_index = self._crop_matrices(faces)
+        count = len(matrices)
+        if self._emotion.flip and count:  # each face's mirror image in the same run (emotion.flip)
+            matrices = np.concatenate([matrices, mirrored(matrices, self._crop_size[0])])
+            frame_index = np.concatenate([frame_index, frame_index])
         t2 = time.monotonic()
-        probs = runner.classify(fmt, matrices, frame_index) if len(matrices) else np.zeros((0, len(self._order)))
+        probs = runner.classify(fmt, matrices, frame_index) if count else np.zeros((0, len(self._order)))
         t3 = time.monotonic()
         timings = {"detect": (t1 - t0) * 1e3, "crop": (t2 - t1) * 1e3, "emotion": (t3 - t2) * 1e3}
-        scores = [self._scores(row) for row in probs]
+        if self._emotion.flip and count:
+            scores = [EmotionScores(mean_of_pair(a[self._order], b[self._order]))
+                      for a, b in zip(probs[:count], probs[count:])]
+        else:
+            scores = [self._scores(row) for row in probs]
         results, start = [], 0
         for frame_faces in faces:
             results.append(FrameResult(frame_faces, scores[start:start + len(frame_faces)], timings))
@@ -322,7 +340,7 @@ def load_frame_perception(detector_path: Path, classifier_path: Path, detector: 
     threads = inference.threads
     lanes: list[FrameLane] = []
     if inference.device == "cuda":
-        lanes = _cuda_lanes(ort, graphs, inference, detector, threads or 1, share_cuda_arena(ort))
+        lanes = _cuda_lanes(ort, graphs, inference, detector, threads or 1, share_cuda_arena(ort), emotion.flip)
     else:
         def cpu_session(graph: bytes) -> Any:
             return make_session(ort, graph, "frame graph", threads, ["CPUExecutionProvider"])
@@ -336,7 +354,7 @@ def load_frame_perception(detector_path: Path, classifier_path: Path, detector: 
 
 
 def _cuda_lanes(ort: Any, graphs: FrameGraphs, inference: InferenceConfig, detector: DetectorConfig, threads: int,
-                shared_arena: bool) -> list[FrameLane]:
+                shared_arena: bool, flip: bool) -> list[FrameLane]:
     from pipeline.inference.gpu.cuda import load_runtime
     from pipeline.inference.gpu.frame_lane import CudaFrameLane
     from pipeline.inference.onnxruntime import make_session
@@ -354,7 +372,7 @@ def _cuda_lanes(ort: Any, graphs: FrameGraphs, inference: InferenceConfig, detec
     try:
         for index in range(inference.lanes):
             lanes.append(CudaFrameLane(graphs, cuda_session, inference.max_batch, inference.batch_step,
-                                       face_cap=inference.max_batch * detector.max_faces,
+                                       face_cap=inference.max_batch * detector.max_faces * (2 if flip else 1),
                                        what=f"frame graphs lane {index}"))
     except BaseException:
         for lane in lanes:

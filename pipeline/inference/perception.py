@@ -107,7 +107,8 @@ class Perception:
         detector_model = load_batched_model(det_manifest, cfg.inference, auto_prepare, cfg.detector.fixed_input_size)
         emotion_model = load_batched_model(emo_manifest, cfg.inference, auto_prepare)
         return cls(FaceDetector(detector_model, cfg.detector),
-                   EmotionClassifier(emotion_model, emo_manifest, cfg.emotion.crop, cfg.emotion.box_margin))
+                   EmotionClassifier(emotion_model, emo_manifest, cfg.emotion.crop, cfg.emotion.box_margin,
+                                     cfg.emotion.flip))
 
     def models(self) -> list[tuple[str, BatchedModel]]:
         """Each shared model by role, for status and metrics."""

@@ -105,6 +105,9 @@ class EmotionConfig(StrictModel):
                                                              "similarity alignment onto FER2013's framing.")
     box_margin: float = Field(0.0, ge=0, le=1, description="crop=box only: margin added on each side, as a "
                                                             "fraction of the box size.")
+    flip: bool = Field(True, description="Test-time flip: classify each face and its mirror image in the same "
+                                         "batch and average the two. Twice the classifier work (+0.75 ms per face "
+                                         "on 2 CPU cores); more right answers on faces/wild (12 fixed, 4 broken).")
 
 
 class InferenceConfig(StrictModel):

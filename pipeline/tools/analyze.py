@@ -205,7 +205,8 @@ class CroppedModels:
     def __init__(self, cfg: AppConfig) -> None:
         manifest = load_manifest(cfg.emotion.model)
         model = load_batched_model(manifest, cfg.inference)
-        self.classifier = EmotionClassifier(model, manifest, cfg.emotion.crop, cfg.emotion.box_margin)
+        self.classifier = EmotionClassifier(model, manifest, cfg.emotion.crop, cfg.emotion.box_margin,
+                                            cfg.emotion.flip)
 
     def warm_up(self) -> None:
         w, h = self.classifier.size
