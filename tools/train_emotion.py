@@ -1,0 +1,417 @@
+"""Train the project's own emotion classifier on FER2013's training split and export it to ONNX (issue 13).
+
+Runs where PyTorch is (the GPU machine; `pip install -r requirements-train.txt` elsewhere):
+
+    python tools/train_emotion.py --data ../shared/data/train/fer2013_train_jpeg.npz --out runs/resnet_s \\
+        --arch resnet_s --epochs 60
+
+What it does, and why:
+
+* **Data**: the whole FER2013 *training* split (28,709 48x48 grey crops). A fixed, stratified validation hold-out
+  (`--val-fraction`, default 10 %, chosen by `--split-seed`) is carved from it and never trained on; it is what
+  architectures, epochs and the temperature are chosen on. FER2013's test split is not read here, ever.
+* **Augmentation on the GPU, mimicking what the pipeline feeds the model**: our box crop of a RetinaFace box varies
+  in scale and position from frame to frame, faces tilt, cameras blur and expose differently, and people face both
+  ways. So: random scale 0.85-1.15, shift up to 8 % of the side, rotation up to 10 degrees, horizontal flip, brightness
+  and contrast 0.7-1.3, a light blur on a fifth of the images. All of it is one `affine_grid` + `grid_sample` and a
+  few tensor ops per batch, so the whole split lives in GPU memory and no data loader workers are needed.
+* **Class balance**: disgust has 436 images against happy's 7,215. Batches are drawn with weights proportional to
+  1/sqrt(class count) (full inverse frequency over-fits disgust's 436 faces), plus label smoothing.
+* **Selection**: the checkpoint with the best validation accuracy (flip-averaged, as the pipeline will run it).
+* **Calibration**: a temperature fitted on the validation hold-out (minimum NLL), baked into the exported graph
+  (softmax(logits / T)), so the behaviour mapper's min_confidence means the same for any model; the expected
+  calibration error before and after goes into the model card.
+* **Export**: ONNX taking float NCHW [N, 1, S, S] normalised as (x/255 - 0.5)/0.5 and giving probabilities in
+  FER2013's label order, exactly the contract `models/<name>.yaml`'s raw_input describes; prepare-models bakes the
+  uint8 input and normalisation in, as for the other models.
+
+Everything random is seeded (`--seed`); `model_card.json` next to the ONNX records the command, data hash, figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+log = logging.getLogger("train_emotion")
+
+LABELS = ("angry", "disgust", "fear", "happy", "sad", "surprise", "neutral")
+
+
+# ----------------------------------------------------------------------------------------------------------- data
+@dataclass(frozen=True)
+class Split:
+    """Decoded images (uint8 [N, 48, 48]) and labels (int64 [N]) of one part of the training split."""
+
+    images: np.ndarray
+    labels: np.ndarray
+
+
+def load_fer_train(path: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """All images of the npz (JPEG bytes + offsets, see ../shared/data/README.md), decoded, with labels."""
+    data = np.load(path)
+    names = [str(n) for n in data["label_names"]]
+    if tuple(names) != LABELS:
+        raise SystemExit(f"{path}: label_names {names} are not {list(LABELS)}")
+    jpeg, offsets = data["jpeg"], data["offsets"]
+    images = np.empty((len(offsets) - 1, 48, 48), np.uint8)
+    for i in range(len(images)):
+        image = cv2.imdecode(jpeg[offsets[i]:offsets[i + 1]], cv2.IMREAD_GRAYSCALE)
+        if image is None or image.shape != (48, 48):
+            raise SystemExit(f"{path}: image {i} does not decode to 48x48 grey")
+        images[i] = image
+    return images, data["labels"].astype(np.int64), names
+
+
+def stratified_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (train, validation): `fraction` of each class, chosen by `seed` (the same on every machine)."""
+    rng = np.random.RandomState(seed)
+    val = []
+    for label in range(len(LABELS)):
+        members = np.flatnonzero(labels == label)
+        val.append(rng.permutation(members)[: int(round(len(members) * fraction))])
+    val_idx = np.sort(np.concatenate(val))
+    train_idx = np.setdiff1d(np.arange(len(labels)), val_idx)
+    return train_idx, val_idx
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------------- augmentation
+def normalise(pixels: torch.Tensor) -> torch.Tensor:
+    """uint8-valued float pixels → the network's input, (x/255 - 0.5)/0.5 (what the manifest's raw_input says)."""
+    return (pixels / 255.0 - 0.5) / 0.5
+
+
+def resize_batch(images: torch.Tensor, size: int) -> torch.Tensor:
+    """[B, 48, 48] uint8 → [B, 1, size, size] float pixels, bilinear (as the pipeline resizes its crops)."""
+    x = images.unsqueeze(1).float()
+    return x if size == x.shape[-1] else F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+
+
+def augment(images: torch.Tensor, size: int, generator: torch.Generator) -> torch.Tensor:
+    """A batch of [B, 48, 48] uint8 images → randomly framed, tilted, flipped, lit and blurred float pixels."""
+    batch, device = images.shape[0], images.device
+
+    def uniform(low: float, high: float) -> torch.Tensor:
+        return torch.rand(batch, device=device, generator=generator) * (high - low) + low
+
+    scale, angle = uniform(0.85, 1.15), uniform(-10.0, 10.0) * math.pi / 180
+    shift_x, shift_y = uniform(-0.08, 0.08) * 2, uniform(-0.08, 0.08) * 2  # affine_grid works in [-1, 1]
+    flip = torch.where(torch.rand(batch, device=device, generator=generator) < 0.5, -1.0, 1.0)
+    cos, sin = torch.cos(angle) / scale, torch.sin(angle) / scale
+    theta = torch.stack([torch.stack([cos * flip, -sin, shift_x], 1), torch.stack([sin * flip, cos, shift_y], 1)], 1)
+    grid = F.affine_grid(theta, [batch, 1, size, size], align_corners=False)
+    x = F.grid_sample(images.unsqueeze(1).float(), grid, mode="bilinear", padding_mode="border", align_corners=False)
+    mean = x.mean(dim=(1, 2, 3), keepdim=True)
+    x = (x - mean) * uniform(0.7, 1.3).view(-1, 1, 1, 1) + mean * uniform(0.7, 1.3).view(-1, 1, 1, 1)
+    blur = torch.rand(batch, device=device, generator=generator) < 0.2
+    if bool(blur.any()):
+        kernel = torch.tensor([1.0, 2.0, 1.0], device=device)
+        kernel = (kernel[:, None] * kernel[None, :] / 16.0).view(1, 1, 3, 3)
+        x = torch.where(blur.view(-1, 1, 1, 1), F.conv2d(F.pad(x, (1, 1, 1, 1), mode="replicate"), kernel), x)
+    return x.clamp(0.0, 255.0)
+
+
+# ---------------------------------------------------------------------------------------------------- networks
+class Block(nn.Module):
+    """A ResNet basic block (two 3x3 convolutions, batch norm, identity or 1x1 shortcut)."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.short = (nn.Sequential() if stride == 1 and cin == cout else
+                      nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(y)) + self.short(x))
+
+
+class ResNetS(nn.Module):
+    """A small ResNet for 48-64 px grey faces: a 3x3 stem (stride 2 halves every later cost), four stages of
+    `depth` blocks, global pooling, dropout."""
+
+    def __init__(self, widths: tuple[int, ...] = (32, 64, 128, 256), classes: int = len(LABELS), stem_stride: int = 1,
+                 depth: int = 2) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(1, widths[0], 3, stem_stride, 1, bias=False), nn.BatchNorm2d(widths[0]),
+                                  nn.ReLU())
+        stages, cin = [], widths[0]
+        for index, width in enumerate(widths):
+            stride = 1 if index == 0 else 2
+            stages += [Block(cin, width, stride), *[Block(width, width, 1) for _ in range(depth - 1)]]
+            cin = width
+        self.stages = nn.Sequential(*stages)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.3), nn.Linear(cin, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.stages(self.stem(x)))
+
+
+class VggS(nn.Module):
+    """VGG-style: four stages of two 3x3 conv + BN + ReLU and a max pool, then a small classifier."""
+
+    def __init__(self, widths: tuple[int, ...] = (48, 96, 192, 384), classes: int = len(LABELS)) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        cin = 1
+        for width in widths:
+            for _ in range(2):
+                layers += [nn.Conv2d(cin, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU()]
+                cin = width
+            layers.append(nn.MaxPool2d(2))
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.4), nn.Linear(cin, 256),
+                                  nn.ReLU(), nn.Dropout(0.4), nn.Linear(256, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+ARCHITECTURES = {
+    "resnet_t": lambda: ResNetS((32, 64, 128, 256), stem_stride=2),
+    "resnet_t1": lambda: ResNetS((32, 64, 128, 256), stem_stride=2, depth=1),
+    "resnet_s": lambda: ResNetS((32, 64, 128, 256)),
+    "resnet_m": lambda: ResNetS((48, 96, 192, 384)),
+    "vgg_s": lambda: VggS((48, 96, 192, 384)),
+}
+
+
+class Exported(nn.Module):
+    """What goes into the ONNX file: the network, its calibration temperature, and a softmax."""
+
+    def __init__(self, net: nn.Module, temperature: float) -> None:
+        super().__init__()
+        self.net = net
+        self.register_buffer("inv_temperature", torch.tensor(1.0 / temperature))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.net(x) * self.inv_temperature, dim=1)
+
+
+# ------------------------------------------------------------------------------------------------- training
+@dataclass
+class Settings:
+    arch: str
+    size: int
+    epochs: int
+    batch: int
+    lr: float
+    weight_decay: float
+    smoothing: float
+    seed: int
+
+
+def sampling_weights(labels: np.ndarray) -> np.ndarray:
+    """Per-image draw weights ∝ 1/sqrt(class count): rare classes seen more often, not as often as common ones."""
+    counts = np.bincount(labels, minlength=len(LABELS)).astype(np.float64)
+    weights = 1.0 / np.sqrt(counts[labels])
+    return weights / weights.sum()
+
+
+def logits_of(net: nn.Module, images: torch.Tensor, size: int, flip: bool, batch: int = 1024) -> torch.Tensor:
+    """Logits of uint8 images [N, 48, 48] (no augmentation), averaged with the mirror image's when `flip`."""
+    net.eval()
+    outputs = []
+    with torch.no_grad():
+        for start in range(0, len(images), batch):
+            x = normalise(resize_batch(images[start:start + batch], size))
+            logits = net(x).float()
+            if flip:
+                logits = (logits + net(torch.flip(x, dims=[3])).float()) / 2
+            outputs.append(logits)
+    return torch.cat(outputs)
+
+
+def train(settings: Settings, train_set: Split, val_set: Split, device: torch.device) -> tuple[nn.Module, dict]:
+    """Train with SGD + cosine schedule; keep the state with the best flip-averaged validation accuracy."""
+    torch.manual_seed(settings.seed)
+    generator = torch.Generator(device=device).manual_seed(settings.seed)
+    net = ARCHITECTURES[settings.arch]().to(device)
+    images = torch.from_numpy(train_set.images).to(device)
+    labels = torch.from_numpy(train_set.labels).to(device)
+    val_images = torch.from_numpy(val_set.images).to(device)
+    val_labels = torch.from_numpy(val_set.labels).to(device)
+    weights = torch.from_numpy(sampling_weights(train_set.labels)).to(device)
+    steps = max(1, len(images) // settings.batch)
+    optimiser = torch.optim.SGD(net.parameters(), lr=settings.lr, momentum=0.9, nesterov=True,
+                                weight_decay=settings.weight_decay)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, settings.lr, total_steps=settings.epochs * steps,
+                                                   pct_start=0.15)
+    best: dict = {"val_acc": -1.0}
+    for epoch in range(settings.epochs):
+        net.train()
+        started, total = time.monotonic(), 0.0
+        for _ in range(steps):
+            pick = torch.multinomial(weights, settings.batch, replacement=True, generator=generator)
+            x = normalise(augment(images[pick], settings.size, generator))
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                loss = F.cross_entropy(net(x).float(), labels[pick], label_smoothing=settings.smoothing)
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            optimiser.step()
+            schedule.step()
+            total += float(loss.detach())
+        accuracy = float((logits_of(net, val_images, settings.size, True).argmax(1) == val_labels).float().mean())
+        log.info("epoch %d/%d: loss %.4f, validation %.2f %% (flip), %.1f s", epoch + 1, settings.epochs,
+                 total / steps, 100 * accuracy, time.monotonic() - started)
+        if accuracy > best["val_acc"]:
+            best = {"val_acc": accuracy, "epoch": epoch + 1,
+                    "state": {k: v.detach().clone() for k, v in net.state_dict().items()}}
+    net.load_state_dict(best.pop("state"))
+    return net, best
+
+
+# ----------------------------------------------------------------------------------------------- calibration
+def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, bins: int = 15) -> float:
+    """ECE: the gap between confidence and accuracy, averaged over equal-width confidence bins by their size."""
+    confidence, predicted = probs.max(1)
+    correct = (predicted == labels).float()
+    edges = torch.linspace(0, 1, bins + 1, device=probs.device)
+    error = torch.zeros((), device=probs.device)
+    for low, high in zip(edges[:-1], edges[1:]):
+        inside = (confidence > low) & (confidence <= high)
+        if bool(inside.any()):
+            error += inside.float().mean() * (confidence[inside].mean() - correct[inside].mean()).abs()
+    return float(error)
+
+
+def fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """The temperature T minimising the validation NLL of softmax(logits / T) (LBFGS on log T)."""
+    log_t = torch.zeros(1, device=logits.device, requires_grad=True)
+    optimiser = torch.optim.LBFGS([log_t], lr=0.1, max_iter=100)
+
+    def closure() -> torch.Tensor:
+        optimiser.zero_grad()
+        loss = F.cross_entropy(logits / log_t.exp(), labels)
+        loss.backward()
+        return loss
+    optimiser.step(closure)
+    return float(log_t.exp())
+
+
+def per_class_recall(predicted: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    return {name: round(float((predicted[labels == k] == k).float().mean()), 4)
+            for k, name in enumerate(LABELS) if bool((labels == k).any())}
+
+
+def evaluate(net: nn.Module, val_set: Split, size: int, device: torch.device) -> tuple[float, dict]:
+    """Temperature and the validation figures for the model card (with and without flip, ECE before/after)."""
+    images = torch.from_numpy(val_set.images).to(device)
+    labels = torch.from_numpy(val_set.labels).to(device)
+    plain, flipped = logits_of(net, images, size, False), logits_of(net, images, size, True)
+    temperature = fit_temperature(flipped, labels)
+    figures = {
+        "val_images": len(labels),
+        "val_acc": round(float((plain.argmax(1) == labels).float().mean()), 4),
+        "val_acc_flip": round(float((flipped.argmax(1) == labels).float().mean()), 4),
+        "recall_flip": per_class_recall(flipped.argmax(1), labels),
+        "temperature": round(temperature, 4),
+        "ece_before": round(expected_calibration_error(torch.softmax(flipped, 1), labels), 4),
+        "ece_after": round(expected_calibration_error(torch.softmax(flipped / temperature, 1), labels), 4),
+    }
+    return temperature, figures
+
+
+# ---------------------------------------------------------------------------------------------------- export
+def export_onnx(net: nn.Module, temperature: float, size: int, path: Path) -> None:
+    """ONNX (opset 17) with a dynamic batch: float NCHW [N, 1, size, size] in, probabilities [N, 7] out."""
+    model = Exported(net.float().cpu().eval(), temperature).eval()
+    example = torch.zeros(1, 1, size, size)
+    torch.onnx.export(model, (example,), str(path), input_names=["input"], output_names=["probs"], opset_version=17,
+                      dynamic_axes={"input": {0: "batch"}, "probs": {0: "batch"}}, dynamo=False)
+
+
+def check_export(net: nn.Module, temperature: float, size: int, path: Path, val_set: Split) -> float:
+    """Largest difference between ONNX Runtime's probabilities and PyTorch's on 256 validation images."""
+    import onnxruntime as ort
+
+    images = torch.from_numpy(val_set.images[:256])
+    x = normalise(resize_batch(images, size))
+    with torch.no_grad():
+        expected = Exported(net.float().cpu().eval(), temperature).eval()(x).numpy()
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = session.run(["probs"], {"input": x.numpy()})[0]
+    return float(np.abs(got - expected).max())
+
+
+# ------------------------------------------------------------------------------------------------------ main
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, required=True, help="fer2013_train_jpeg.npz (FER2013's training split)")
+    parser.add_argument("--out", type=Path, required=True, help="folder for model.onnx and model_card.json")
+    parser.add_argument("--arch", choices=sorted(ARCHITECTURES), default="resnet_s", help="network (default resnet_s)")
+    parser.add_argument("--size", type=int, default=48, help="input side in pixels (default 48)")
+    parser.add_argument("--epochs", type=int, default=60, help="training epochs (default 60)")
+    parser.add_argument("--batch", type=int, default=256, help="batch size (default 256)")
+    parser.add_argument("--lr", type=float, default=0.1, help="peak learning rate of the one-cycle schedule")
+    parser.add_argument("--weight-decay", type=float, default=5e-4, help="SGD weight decay (default 5e-4)")
+    parser.add_argument("--smoothing", type=float, default=0.1, help="label smoothing (default 0.1)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of initialisation, sampling and augmentation")
+    parser.add_argument("--val-fraction", type=float, default=0.1, help="validation hold-out per class (0.1)")
+    parser.add_argument("--split-seed", type=int, default=20261201, help="seed of the hold-out (keep it fixed)")
+    parser.add_argument("--limit", type=int, default=0, help="use only N random images (a smoke test)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    images, labels, _ = load_fer_train(args.data)
+    if args.limit:  # a random subset: the file is ordered by class, so its first N images are all one emotion
+        keep = np.sort(np.random.RandomState(args.split_seed).permutation(len(labels))[: args.limit])
+        images, labels = images[keep], labels[keep]
+    train_idx, val_idx = stratified_split(labels, args.val_fraction, args.split_seed)
+    train_set, val_set = Split(images[train_idx], labels[train_idx]), Split(images[val_idx], labels[val_idx])
+    log.info("%d training images, %d held out for validation", len(train_idx), len(val_idx))
+    settings = Settings(args.arch, args.size, args.epochs, args.batch, args.lr, args.weight_decay, args.smoothing,
+                        args.seed)
+    device = torch.device(args.device)
+    started = time.monotonic()
+    net, best = train(settings, train_set, val_set, device)
+    temperature, figures = evaluate(net, val_set, args.size, device)
+    args.out.mkdir(parents=True, exist_ok=True)
+    onnx_path = args.out / "model.onnx"
+    export_onnx(net, temperature, args.size, onnx_path)
+    card = {"command": " ".join(["python", "tools/train_emotion.py", *(sys.argv[1:] if argv is None else argv)]),
+            "settings": vars(settings), "best_epoch": best["epoch"], "figures": figures,
+            "parameters": sum(p.numel() for p in net.parameters()),
+            "data": {"file": args.data.name, "sha256": file_sha256(args.data), "split_seed": args.split_seed,
+                     "val_fraction": args.val_fraction, "limit": args.limit},
+            "onnx_sha256": file_sha256(onnx_path), "onnx_max_abs_diff": check_export(net, temperature, args.size,
+                                                                                     onnx_path, val_set),
+            "torch": torch.__version__, "device": str(device), "train_s": round(time.monotonic() - started, 1),
+            "date": time.strftime("%Y-%m-%d")}
+    (args.out / "model_card.json").write_text(json.dumps(card, indent=2) + "\n")
+    log.info("validation %.2f %% (flip %.2f %%), T %.3f, ECE %.4f -> %.4f; %s", 100 * figures["val_acc"],
+             100 * figures["val_acc_flip"], temperature, figures["ece_before"], figures["ece_after"], onnx_path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
