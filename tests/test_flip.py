@@ -25,28 +25,44 @@ from tests.conftest import data_path
 from tests.test_frames_path import _frames
 
 
-def _with_flip(app_config: Any, **inference: Any) -> Any:
-    emotion = app_config.emotion.model_copy(update={"flip": True})
+def _with_flip(app_config: Any, flip: bool = True, **inference: Any) -> Any:
+    emotion = app_config.emotion.model_copy(update={"flip": flip})
     settings = app_config.inference.model_copy(update={"max_batch": 8, "max_delay_ms": 20.0, **inference})
     return app_config.model_copy(update={"emotion": emotion, "inference": settings})
 
 
-@pytest.fixture(scope="module")
-def flipped(prepared_models: None, app_config: Any) -> Iterator[Perception]:
-    perception = load_perception(_with_flip(app_config, frame_path="opencv"))
+def _opencv_perception(app_config: Any, flip: bool) -> Perception:
+    perception = load_perception(_with_flip(app_config, flip, frame_path="opencv"))
     if not isinstance(perception, Perception):
         raise TypeError(f"frame_path opencv gave {type(perception).__name__}")
+    return perception
+
+
+@pytest.fixture(scope="module")
+def flipped(prepared_models: None, app_config: Any) -> Iterator[Perception]:
+    perception = _opencv_perception(app_config, True)
     yield perception
     perception.close()
 
 
-def test_opencv_path_averages_each_face_with_its_mirror(flipped: Perception, perception: Perception) -> None:
+@pytest.fixture(scope="module")
+def unflipped(prepared_models: None, app_config: Any) -> Iterator[Perception]:
+    perception = _opencv_perception(app_config, False)
+    yield perception
+    perception.close()
+
+
+def test_flip_is_on_by_default(app_config: Any) -> None:
+    assert app_config.emotion.flip is True  # measured better on faces/wild (BENCHMARKS.md)
+
+
+def test_opencv_path_averages_each_face_with_its_mirror(flipped: Perception, unflipped: Perception) -> None:
     frames = _frames(data_path("video", "group_1080p.mp4"), 3, 20)
     changed = 0
     for frame in frames:
         faces, scores, _ = flipped.analyze(frame)
         assert faces and len(scores) == len(faces)
-        plain_faces, plain_scores, _ = perception.analyze(frame)
+        plain_faces, plain_scores, _ = unflipped.analyze(frame)
         assert [f.box for f in faces] == [f.box for f in plain_faces]  # flip changes emotions only
         classifier = flipped.classifier
         for face, got, plain in zip(faces, scores, plain_scores):
