@@ -68,7 +68,7 @@ def test_unknown_name_lists_what_is_available() -> None:
 
 
 def test_every_output_module_is_registered_with_its_settings() -> None:
-    assert outputs().names() == ["osc", "stdout", "webhook", "websocket"]
+    assert outputs().names() == ["mqtt", "osc", "stdout", "webhook", "websocket"]
     models = output_settings_models()
     assert all(issubclass(model, OutputSettings) for model in models)
     assert {model.model_fields["type"].default for model in models} == set(outputs().names())
