@@ -182,8 +182,8 @@ def test_vmc_one_command_is_one_bundle_of_every_preset_then_apply() -> None:
     behavior = BehaviorConfig(rules=FEAR_RULE)
     (happy,) = commands_from_mapper(behavior, ["happy"])
     with OscReceiver() as receiver:
-        sink = started(OscSink(OscOutput(port=receiver.port), presets=[r.expression.preset
-                                                                         for r in behavior.rules.values()]))
+        sink = started(OscSink(OscOutput(port=receiver.port, mode="commands"),
+                               presets=[r.expression.preset for r in behavior.rules.values()]))
         sink.offer(happy)
         sink.close()
         packets = receiver.wait_for(1)
@@ -210,7 +210,8 @@ def test_daemon_wiring_gives_vmc_the_rules_custom_presets_from_the_first_bundle(
     assert behavior.rule_presets() == ("relaxed", "neutral", "fear", "happy", "sad", "surprised")
     (happy,) = commands_from_mapper(behavior, ["happy"])
     with OscReceiver() as receiver:
-        (sink,) = open_sinks([OscOutput(port=receiver.port)], EventHub(), 1.0, behavior.rule_presets())
+        (sink,) = open_sinks([OscOutput(port=receiver.port, mode="commands")], EventHub(), 1.0,
+                             behavior.rule_presets())
         sink.offer(happy)
         sink.close()
         (_, messages), = receiver.wait_for(1)
@@ -234,7 +235,8 @@ def test_vmc_sequence_resets_the_previous_preset_and_ignores_other_events() -> N
     obs = observation_event(observation(0, result(1, "happy")))
     cam = camera_event(CameraEvent("lobby", time.time(), "streaming"))
     with OscReceiver() as receiver:
-        sink = started(OscSink(OscOutput(port=receiver.port)))  # no presets given: learns "fear" when it is used
+        # no presets given: learns "fear" when it is used
+        sink = started(OscSink(OscOutput(port=receiver.port, mode="commands")))
         for event in [cam, *commands[:2], obs, *commands[2:]]:
             sink.offer(event)
         sink.close()
@@ -384,7 +386,7 @@ def test_dead_webhook_does_not_reduce_what_osc_receives(caplog: pytest.LogCaptur
     commands = commands_from_mapper(behavior, emotions)
     observations = [observation_event(observation(i, result(1, "happy"))) for i in range(40)]
     with caplog.at_level(logging.WARNING), OscReceiver() as receiver:
-        osc = started(OscSink(OscOutput(port=receiver.port)))
+        osc = started(OscSink(OscOutput(port=receiver.port, mode="commands")))
         dead = hook(f"http://127.0.0.1:{closed_port()}/emotion", retries=3, backoff_s=0.2, queue_size=2,
                     bearer_token=TOKEN)
         bus = EventBus([osc, dead])
@@ -422,7 +424,7 @@ def test_daemon_on_video_commands_follow_the_clip(prepared_models: None, tmp_pat
             f"behavior: {{attention: largest, dwell_ms: {dwell_ms}, cooldown_ms: {cooldown_ms}}}\n"
             "server: {enabled: false}\n"
             "outputs:\n  - {type: stdout}\n"
-            f"  - {{type: osc, host: 127.0.0.1, port: {receiver.port}, protocol: vmc}}\n"
+            f"  - {{type: osc, host: 127.0.0.1, port: {receiver.port}, protocol: vmc, mode: commands}}\n"
             f"  - {{type: webhook, url: '{server.url}', bearer_token: '${{HOOK_TOKEN}}'}}\n")
         done = run_cli("run", "--config", str(config), "--duration", "40", env={"HOOK_TOKEN": TOKEN}, timeout=90)
         assert done.returncode == 0, done.stderr[-2000:]

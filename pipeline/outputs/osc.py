@@ -1,14 +1,26 @@
 """Events over OSC/UDP (python-osc), for avatar apps: the VMC protocol, or a plain per-camera address scheme.
 
-`protocol: vmc` (commands only; anything else is ignored). Each command is ONE OSC bundle (timetag "immediately"):
+`protocol: vmc` (commands only; anything else is ignored), in one of two modes:
 
-    /VMC/Ext/Blend/Val  (name: str, value: float)     one per known preset, in a fixed order; the command's
-                                                      preset at its weight, every other preset at 0.0
+- `mode: stream` (the default): a timer thread of its own sends, `rate_hz` times a second, ONE OSC bundle (timetag
+  "immediately") with the avatar's *current* weights. Those move from what the face showed to the last command's
+  expression over the command's `blend_ms` (`pipeline.outputs.expression_stream`), scaled by the command's smoothed
+  confidence with `intensity: confidence`; an idle command (reason `idle`, the neutral rule) blends back to neutral.
+  Every bundle carries the whole face, so a lost datagram costs one frame. A VMC port drives one avatar: when several
+  cameras (or `avatar`s) feed one vmc output, the most recent command wins.
+- `mode: commands`: each command is one such bundle, sent when the command arrives, at the full weight (no blend).
+
+Each bundle:
+
+    /VMC/Ext/Blend/Val  (name: str, value: float)     one per known name, in a fixed order; unset names at 0.0
+    /VMC/Ext/T          (time: float)                 stream only: seconds since the output started (frame order)
     /VMC/Ext/Blend/Apply ()                           once, last
 
-The known presets are the VRM 1.0 ones (happy, angry, sad, relaxed, surprised, neutral), then the custom names of the
-configured rules (passed in as `presets` by whoever wires the outputs), then `osc.presets` from the config, then any
-other preset a command has carried since start. So whatever this sink ever set is reset to 0 by the next command.
+The names come from the name set (`names:`, `pipeline.outputs.name_sets`): vrm1 (the VRM 1.0 presets happy, angry,
+sad, relaxed, surprised, neutral), vrm0 (Joy, Angry, Sorrow, Fun, Neutral), arkit (ARKit blendshapes from each
+expression's action units) or custom (`custom_names`). Known names are the set's own, then what the configured rules'
+presets (passed in as `presets` by whoever wires the outputs) translate to, then `osc.presets` from the config, then
+any other name a command has carried since start. So whatever this sink ever set is reset to 0 by the next bundle.
 
 `protocol: plain`: separate OSC messages (no bundles), `<camera>` being the camera name ([a-z0-9_-]):
 
@@ -18,6 +30,9 @@ other preset a command has carried since start. So whatever this sink ever set i
     /emotion/<camera>/top     (emotion: str, confidence: float)   after .../faces when count > 0: the largest face's
                                                                   smoothed emotion (raw when it has none)
     /emotion/<camera>/state   (state: str)                        per camera event (streaming, reconnecting, …)
+    /emotion/<avatar>/state   (emotion: str, preset: str, weight: float, style: str)    once a second per avatar
+                              (the command's `avatar`, else its camera) that had a command: the current expression
+                              and tone style. Same address as the camera state: the argument count tells them apart.
 
 Floats are OSC 32-bit floats. UDP has no delivery guarantee and no back-pressure: a send that fails (host
 unresolvable, network down) counts as a failed event and is logged, it never blocks the pipeline.
@@ -28,6 +43,10 @@ it are refused, and without this the output would count them as sent forever. Th
 after it left, so it is read (SO_ERROR) before the next send and that event counts as failed: an OSC target that is
 gone shows up as a failing output in /healthz. A receiver that is merely silent (another host, a firewall that drops)
 cannot be told from a working one over UDP.
+
+The timer thread (stream frames, plain states) shares that socket: a refused frame marks the output failing exactly
+as a refused event does (the delivery record, not the event counters), and while frames are refused a command
+counts as failed too. A recovered receiver gets the whole current face with the next frame.
 """
 
 from __future__ import annotations
@@ -35,8 +54,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Iterable
-from typing import Any, Literal
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pythonosc import osc_bundle_builder
@@ -46,14 +67,27 @@ from pipeline.core.registry import Plugin
 from pipeline.core.settings import PRESET_NAME, ConfigValueError
 from pipeline.outputs.base import ALL_EVENTS, EventName, OutputSettings, Sink
 from pipeline.outputs.events import Event
+from pipeline.outputs.expression_stream import ExpressionStream
+from pipeline.outputs.name_sets import (
+    EXPRESSION_KEYS,
+    VRM1_PRESETS,
+    NameSet,
+    NameSetName,
+)
 
 log = logging.getLogger(__name__)
 
-VRM_PRESETS: tuple[str, ...] = ("happy", "angry", "sad", "relaxed", "surprised", "neutral")
+VRM_PRESETS: tuple[str, ...] = VRM1_PRESETS
 """The VRM 1.0 emotion expression presets, in the order they are sent."""
 
 VMC_VAL = "/VMC/Ext/Blend/Val"
 VMC_APPLY = "/VMC/Ext/Blend/Apply"
+VMC_TIME = "/VMC/Ext/T"
+RECONNECT_EVERY_S = 1.0  # at most one attempt a second to open the socket (resolve the host)
+STATE_EVERY_S = 1.0  # plain: how often each avatar's current expression is resent
+STREAM_ONLY = ("mode", "names", "custom_names", "rate_hz", "intensity")  # keys protocol plain has no use for
+
+Weight = Annotated[float, Field(ge=0, le=1)]
 
 
 def _message(address: str, *args: Any) -> Any:
@@ -63,18 +97,38 @@ def _message(address: str, *args: Any) -> Any:
     return builder.build()
 
 
+def avatar_key(event: Event) -> str:
+    """Whose face a command drives: its `avatar` when it names one, else its camera."""
+    return str(event.get("avatar") or event["camera"])
+
+
 class OscOutput(OutputSettings):
     """Events sent over OSC/UDP, e.g. to a VMC-protocol avatar app (address scheme in `pipeline.outputs.osc`)."""
 
     type: Literal["osc"] = Field("osc", description="Output kind.")
     host: str = Field("127.0.0.1", min_length=1, description="Receiver host name or IP address.")
     port: int = Field(39539, ge=1, le=65535, description="Receiver UDP port (39539 is the VMC default).")
-    protocol: Literal["vmc", "plain"] = Field("vmc", description="vmc: each command is one bundle of "
-                                              "/VMC/Ext/Blend/Val (name, value) for every preset followed by "
-                                              "/VMC/Ext/Blend/Apply; plain: /emotion/<camera>/command, .../tone, "
-                                              ".../faces, .../top and .../state messages.")
+    protocol: Literal["vmc", "plain"] = Field("vmc", description="vmc: bundles of /VMC/Ext/Blend/Val (name, value) "
+                                              "for every known name followed by /VMC/Ext/Blend/Apply (see mode); "
+                                              "plain: /emotion/<camera>/command, .../tone, .../faces, .../top and "
+                                              ".../state messages.")
+    mode: Literal["stream", "commands"] | None = Field(None, description="vmc only. stream (the default): rate_hz "
+                                                       "bundles a second of the current weights, blending to each "
+                                                       "command's expression over its blend_ms; commands: one "
+                                                       "bundle per command, as it arrives.")
+    custom_names: dict[str, dict[str, Weight]] | None = Field(None, description="names: custom only: expression "
+                                                              "(angry, disgust, fear, happy, sad, surprise, neutral, "
+                                                              "relaxed) → {avatar name: weight 0..1}, scaled by the "
+                                                              "rule's weight.")
+    names: NameSetName = Field("vrm1", validate_default=True, description="vmc only: the expression names sent. "
+                               "vrm1: VRM 1.0 presets; vrm0: Joy, Angry, Sorrow, Fun, Neutral; arkit: ARKit "
+                               "blendshapes from each expression's action units; custom: the custom_names map.")
+    rate_hz: float = Field(30.0, ge=1, le=120, description="vmc stream: bundles sent per second.")
+    intensity: Literal["fixed", "confidence"] = Field("fixed", description="vmc: fixed = the rule's weight; "
+                                                      "confidence = the rule's weight times the command's smoothed "
+                                                      "confidence.")
     presets: list[str] = Field(default_factory=list, description="vmc: custom expression names to reset to 0 in "
-                               "every bundle, besides the VRM 1.0 presets and the custom names the rules use.")
+                               "every bundle, besides the name set's own and the names the rules' presets become.")
     events: list[EventName] | None = Field(None, description="Event types sent; left out = what the protocol "
                                            "carries: vmc commands only; plain commands, observations and camera "
                                            "states.")
@@ -89,6 +143,44 @@ class OscOutput(OutputSettings):
             if not PRESET_NAME.match(name):
                 raise ConfigValueError("must be a non-empty name of letters, digits, '_', '.' or '-'",
                                        key=(index,), value=name)
+        return value
+
+    @field_validator("custom_names")
+    @classmethod
+    def _check_custom_names(cls, value: dict[str, dict[str, float]] | None) -> dict[str, dict[str, float]] | None:
+        """Keys are the expressions the rules can show (a typo would silently leave a face at rest); names become
+        OSC string arguments."""
+        for expression, names in (value or {}).items():
+            if expression not in EXPRESSION_KEYS:
+                raise ConfigValueError(f"unknown expression (allowed: {', '.join(EXPRESSION_KEYS)})",
+                                       key=(expression,), value=expression)
+            for name in names:
+                if not PRESET_NAME.match(name):
+                    raise ConfigValueError("must be a non-empty name of letters, digits, '_', '.' or '-'",
+                                           key=(expression, name), value=name)
+        return value
+
+    @field_validator(*STREAM_ONLY)
+    @classmethod
+    def _vmc_only(cls, value: Any, info: ValidationInfo) -> Any:
+        """A key that changes nothing is a misunderstanding: say so at its line rather than ignore it. Field
+        validators (not a model one) so the error is located at the key inside the outputs union."""
+        if info.data.get("protocol") == "plain" and value is not None and value != "vrm1":
+            raise ValueError(f"{info.field_name} is for protocol vmc only (plain sends each command's preset and "
+                             "weight as they are)")
+        return value
+
+    @field_validator("names")
+    @classmethod
+    def _names_need_their_map(cls, value: str, info: ValidationInfo) -> str:
+        """custom_names is the custom set, and nothing else: each without the other is a mistake."""
+        if "custom_names" not in info.data:
+            return value  # custom_names itself was wrong: that error is reported already
+        given = info.data["custom_names"] is not None
+        if value == "custom" and not given:
+            raise ValueError("names: custom needs a custom_names map: expression → {name: weight}")
+        if value != "custom" and given:
+            raise ValueError("custom_names is read only with names: custom (set it, or remove custom_names)")
         return value
 
     @field_validator("events")
@@ -106,15 +198,19 @@ class OscOutput(OutputSettings):
         return value
 
     def describe(self) -> str:
-        return f"osc {self.host}:{self.port} ({self.protocol})"
+        if self.protocol == "plain":
+            return f"osc {self.host}:{self.port} (plain)"
+        rate = f" {self.rate_hz:g} Hz" if self.mode == "stream" else ""
+        return f"osc {self.host}:{self.port} (vmc {self.mode}{rate}, names {self.names})"
 
     @model_validator(mode="after")
     def _events_for_protocol(self) -> OscOutput:
-        """Left out, `events` becomes what the protocol carries, so every consumer sees a plain list."""
+        """Left out, `events` and `mode` become what the protocol carries, so every consumer sees plain values."""
         if self.events is None:
             self.__dict__["events"] = ["command"] if self.protocol == "vmc" else list(ALL_EVENTS)
+        if self.mode is None:
+            self.__dict__["mode"] = "stream" if self.protocol == "vmc" else "commands"
         return self
-
 
 class UdpTarget:
     """A connected, non-blocking UDP socket to one receiver; `refusal()` tells whether it refused a datagram."""
@@ -143,15 +239,60 @@ class UdpTarget:
         self._sock.close()
 
 
+class Ticker:
+    """Calls `tick` every `period_s` on a thread of its own, on a fixed schedule (no drift from the time a tick
+    takes). A tick that ran late is followed at once by the one now due, so the rate holds; after a stall of more
+    than two periods the missed ticks are skipped instead of sent in a burst (each frame is the whole face anyway)."""
+
+    def __init__(self, name: str, period_s: float, tick: Callable[[], None]) -> None:
+        self.period_s = period_s
+        self._tick = tick
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        due = time.monotonic()
+        while not self._stop.wait(max(0.0, due - time.monotonic())):
+            self._tick()
+            due += self.period_s
+            behind = time.monotonic() - due
+            if behind > self.period_s:
+                due += self.period_s * int(behind / self.period_s)
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+
 class OscSink(Sink):
     type_name = "osc"
 
     def __init__(self, cfg: Any, queue_size: int | None = None, presets: Iterable[str] = ()) -> None:
-        """`presets`: custom expression names used by the behaviour rules (reset to 0 in every VMC bundle)."""
+        """`presets`: the expression names the behaviour rules use (what they become is reset in every VMC bundle)."""
         super().__init__(cfg, cfg.queue_size if queue_size is None else queue_size)
-        names = [*VRM_PRESETS, *presets, *getattr(cfg, "presets", ())]
-        self.presets: dict[str, None] = dict.fromkeys(names)  # an ordered set
+        self.name_set = NameSet(cfg.names, cfg.custom_names)
+        self.presets: tuple[str, ...] = tuple(dict.fromkeys([*self.name_set.names(presets), *cfg.presets]))
+        self.stream = ExpressionStream()
+        self._started = time.monotonic()
+        self._states: dict[str, tuple[str, str, float, str]] = {}  # plain: avatar → its current expression
         self._client: UdpTarget | None = None
+        self._client_lock = threading.Lock()  # the sink thread and the ticker share the socket
+        self._delivery_lock = threading.Lock()
+        self._frame_error: str | None = None
+        self._next_connect = 0.0  # monotonic time of the next attempt to open the socket
+        self._connect_error: str | None = None
+        self._ticker: Ticker | None = None
+        if cfg.protocol == "vmc" and cfg.mode == "stream":
+            self._ticker = Ticker("sink-osc-stream", 1.0 / cfg.rate_hz, self._send_frame)
+        elif cfg.protocol == "plain":
+            self._ticker = Ticker("sink-osc-state", STATE_EVERY_S, self._send_states)
 
     @classmethod
     def from_settings(cls, cfg: Any, **context: Any) -> OscSink:
@@ -161,43 +302,129 @@ class OscSink(Sink):
     def open(self) -> None:
         try:
             self._connect()
-        except OSError as exc:  # e.g. a host name that does not resolve yet: retried at each event
-            log.warning("output osc: cannot reach %s:%d yet (%s); retrying with each event", self.cfg.host,
-                        self.cfg.port, exc)
+        except OSError as exc:  # e.g. a host name that does not resolve yet: retried when sending
+            log.warning("output osc: cannot reach %s:%d yet (%s); retrying when sending, at most once a second",
+                        self.cfg.host, self.cfg.port, exc)
+        if self._ticker is not None:
+            self._ticker.start()
+
+    def is_alive(self) -> bool:
+        """The delivery thread and, when there is one, the timer thread both run."""
+        return super().is_alive() and (self._ticker is None or self._ticker.is_alive())
 
     def _connect(self) -> UdpTarget:
+        """The socket, opened on first use; a failed attempt (a name that does not resolve) is retried at most once
+        per RECONNECT_EVERY_S, so a 30 Hz stream does not ask the resolver 30 times a second."""
         if self._client is None:
-            self._client = UdpTarget(self.cfg.host, self.cfg.port)
+            now = time.monotonic()
+            if now < self._next_connect:
+                raise OSError(self._connect_error or "not connected")
+            self._next_connect = now + RECONNECT_EVERY_S
+            try:
+                self._client = UdpTarget(self.cfg.host, self.cfg.port)
+            except OSError as exc:
+                self._connect_error = str(exc)
+                raise
         return self._client
 
-    def write(self, event: Event) -> None:
-        """Send the event's datagrams; fail when they cannot leave, or when the receiver refused the previous ones
-        (nothing listens on its port: the app was closed), so a vanished receiver counts as failing."""
-        if self.cfg.protocol == "vmc":
-            messages = [self.vmc_bundle(event)] if event["type"] == "command" else []
-        else:
-            messages = self.plain_messages(event)
-        if not messages:
-            return
+    def _send(self, messages: list[Any]) -> None:
+        """Send datagrams; fail when they cannot leave or the receiver refused earlier ones (nothing listens)."""
         try:
-            client = self._connect()
-            refused = client.refusal()
-            for message in messages:
-                client.send(message)
+            with self._client_lock:
+                client = self._connect()
+                refused = client.refusal()
+                for message in messages:
+                    client.send(message)
         except OSError as exc:
             raise OSError(f"cannot send to {self.cfg.host}:{self.cfg.port}: {exc.strerror or exc}") from exc
         if refused is not None:
             raise ConnectionRefusedError(f"{refused} (is the receiver running?)")
 
-    def vmc_bundle(self, command: Event) -> Any:
-        """One command as one bundle: every known preset's Val (the chosen one at its weight), then Apply."""
-        chosen, weight = command["expression"]["preset"], float(command["expression"]["weight"])
-        self.presets.setdefault(chosen, None)
+    def write(self, event: Event) -> None:
+        """Send the event's datagrams (stream mode: retarget the stream); fail when they cannot leave, or when the
+        receiver refused earlier ones (nothing listens on its port: the app was closed)."""
+        if self.cfg.protocol == "plain":
+            if event["type"] == "command":
+                self._remember_state(event)
+            messages = self.plain_messages(event)
+        elif event["type"] != "command":
+            return
+        elif self.cfg.mode == "stream":
+            self._retarget(event)
+            if self._frame_error is not None:
+                raise ConnectionRefusedError(f"stream frames not delivered: {self._frame_error}")
+            return
+        else:
+            messages = [self.vmc_bundle(event)]
+        if messages:
+            self._send(messages)
+
+    def command_weights(self, command: Event) -> dict[str, float]:
+        """The names and weights a command's expression becomes in this output's name set and intensity."""
+        expression = command["expression"]
+        weight = float(expression["weight"])
+        if self.cfg.intensity == "confidence" and command.get("reason") != "idle":
+            weight *= min(1.0, max(0.0, float(command.get("confidence", 1.0))))
+        weights = self.name_set.weights(expression["preset"], weight)
+        new = [name for name in weights if name not in self.presets]
+        if new:
+            self.presets = (*self.presets, *new)  # one assignment: the ticker reads a whole tuple
+        return weights
+
+    def _retarget(self, command: Event) -> None:
+        """Stream mode: blend from the face shown now to the command's expression (most recent command wins)."""
+        target = self.command_weights(command)
+        self.stream.command(target, float(command["expression"].get("blend_ms", 0)), time.monotonic())
+
+    def bundle(self, weights: Mapping[str, float], stream_time: float | None = None) -> Any:
+        """One bundle: every known name's Val (`weights`' value, else 0.0), the stream's time (VMC's /VMC/Ext/T, so
+        a receiver can order frames UDP delivered out of order), then Apply."""
         bundle = osc_bundle_builder.OscBundleBuilder(osc_bundle_builder.IMMEDIATELY)
         for name in self.presets:
-            bundle.add_content(_message(VMC_VAL, name, weight if name == chosen else 0.0))
+            bundle.add_content(_message(VMC_VAL, name, float(weights.get(name, 0.0))))
+        if stream_time is not None:
+            bundle.add_content(_message(VMC_TIME, float(stream_time)))
         bundle.add_content(_message(VMC_APPLY))
         return bundle.build()
+
+    def vmc_bundle(self, command: Event) -> Any:
+        """One command as one bundle: its expression's names at their weights, every other known name at 0."""
+        return self.bundle(self.command_weights(command))
+
+    def _send_frame(self) -> None:
+        """Stream mode, on the ticker: the current weights as one bundle."""
+        now = time.monotonic()
+        self._tick_delivery(lambda: [self.bundle(self.stream.weights(now), now - self._started)])
+
+    def _remember_state(self, command: Event) -> None:
+        state = (str(command["emotion"]), str(command["expression"]["preset"]),
+                 float(command["expression"]["weight"]), str(command["tone"]["style"]))
+        self._states = {**self._states, avatar_key(command): state}  # one assignment: the ticker reads whole dicts
+
+    def _send_states(self) -> None:
+        """Plain, on the ticker: each avatar's current expression (after its first command)."""
+        states = self._states
+        if states:
+            self._tick_delivery(lambda: [_message(f"/emotion/{key}/state", *state) for key, state in states.items()])
+
+    def _tick_delivery(self, build: Callable[[], list[Any]]) -> None:
+        """Send what the ticker built; its outcome goes to the delivery record (health), not to the event counters."""
+        try:
+            self._send(build())
+        except Exception as exc:  # noqa: BLE001 - a broken frame must not end the stream; it is recorded and logged
+            self._frame_error = str(exc) or type(exc).__name__
+            self._failed(exc)
+        else:
+            self._frame_error = None
+            self._delivered()
+
+    def _delivered(self) -> None:
+        with self._delivery_lock:
+            super()._delivered()
+
+    def _failed(self, exc: Exception) -> None:
+        with self._delivery_lock:
+            super()._failed(exc)
 
     @staticmethod
     def plain_messages(event: Event) -> list[Any]:
@@ -222,9 +449,12 @@ class OscSink(Sink):
         return []
 
     def flush_close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        if self._ticker is not None:
+            self._ticker.stop()
+        with self._client_lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
 
 
 PLUGIN = Plugin("osc", OscOutput, OscSink)
