@@ -31,6 +31,9 @@ observations: a camera that ended, stalled or dropped out sends none, so the dae
 on its own clock, which sends the idle command of every camera whose last face is `idle_after_s` old. A camera that
 leaves `streaming` is reported with `camera_left`: its targets are forgotten at once (their faces are gone), and
 the idle command follows `idle_after_s` after the last face, as for a camera that shows an empty room.
+
+This mapper keeps one command stream per camera (`avatar` None). An avatar that spans cameras (`avatars:`) has its
+own mapper, `pipeline.behavior.avatar_mapper.AvatarMapper`, which reuses steps 1-3 (`decide`, `make_command`).
 """
 
 from __future__ import annotations
@@ -58,7 +61,9 @@ FORGET_AFTER_S = 30.0  # a target (track) not seen for this long is forgotten, s
 
 
 @dataclass
-class _TargetState:
+class TargetState:
+    """The decision state of one target (see the module docstring's steps 1-3)."""
+
     candidate: str | None = None
     since: float = 0.0
     shown: str | None = None
@@ -77,7 +82,7 @@ class _CameraState:
 class BehaviorMapper:
     def __init__(self, cfg: BehaviorConfig) -> None:
         self.cfg = cfg
-        self._targets: dict[tuple[str, int | None], _TargetState] = {}
+        self._targets: dict[tuple[str, int | None], TargetState] = {}
         self._cameras: dict[str, _CameraState] = {}
 
     def update(self, obs: Observation) -> list[Command]:
@@ -105,7 +110,7 @@ class BehaviorMapper:
             merit = {f.track_id: f.detection.area for f in obs.faces}
         else:
             width, height = obs.frame_size
-            merit = {f.track_id: 1.0 / (1.0 + _distance_to(f, width / 2, height / 2)) for f in obs.faces}
+            merit = {f.track_id: 1.0 / (1.0 + distance_to(f, width / 2, height / 2)) for f in obs.faces}
         best = max(merit, key=lambda k: merit[k])
         if camera.focus in merit and merit[best] < STICKINESS * merit[camera.focus]:
             best = camera.focus
@@ -114,22 +119,12 @@ class BehaviorMapper:
 
     def _consider(self, obs: Observation, target: int | None, scores: EmotionScores) -> Command | None:
         """Steps 1-3 of the module docstring for one target."""
-        state = self._targets.setdefault((obs.camera, target), _TargetState())
-        now = state.last_seen = obs.t_mono
-        emotion = scores.emotion if scores.confidence >= self.cfg.min_confidence else None
-        if emotion != state.candidate:
-            state.candidate, state.since = emotion, now
-        if emotion is None or emotion == state.shown:
+        state = self._targets.setdefault((obs.camera, target), TargetState())
+        emotion = decide(state, self.cfg, obs.t_mono, scores)
+        if emotion is None:
             return None
-        if state.shown is not None and _probability(scores, state.shown) >= self.cfg.exit_confidence:
-            return None  # the shown emotion is still held
-        if (now - state.since) * 1000.0 < self.cfg.dwell_ms:
-            return None
-        if (now - state.last_command) * 1000.0 < self.cfg.cooldown_ms:
-            return None
-        state.shown, state.last_command = emotion, now
-        return self._command(obs.camera, obs.t_wall, obs.t_mono, target, emotion, _probability(scores, emotion),
-                             "emotion")
+        return make_command(self.cfg, obs.camera, obs.t_wall, obs.t_mono, target, emotion,
+                            probability(scores, emotion), "emotion")
 
     def tick(self, now: float, wall: float) -> list[Command]:
         """Advance on time alone (`now` monotonic, `wall` Unix seconds): the idle command of every camera whose last
@@ -164,7 +159,7 @@ class BehaviorMapper:
         """One neutral command; the camera's targets are forgotten so a returning face is answered afresh."""
         camera.idle_sent, camera.focus = True, None
         self._forget_targets(camera_name)
-        return self._command(camera_name, t_wall, t_mono, None, "neutral", 1.0, "idle")
+        return make_command(self.cfg, camera_name, t_wall, t_mono, None, "neutral", 1.0, "idle")
 
     def _forget_targets(self, camera_name: str) -> None:
         for key in [k for k in self._targets if k[0] == camera_name]:
@@ -178,13 +173,34 @@ class BehaviorMapper:
         for key in [k for k, s in self._targets.items() if k[0] == camera_name and now - s.last_seen > FORGET_AFTER_S]:
             del self._targets[key]
 
-    def _command(self, camera: str, t_wall: float, t_mono: float, target: int | None, emotion: str,
-                 confidence: float, reason: str) -> Command:
-        rule = self.cfg.rule_for(emotion)
-        expression = Expression(rule.expression.preset, rule.expression.weight, rule.expression.blend_ms)
-        tone = Tone(rule.tone.style, rule.tone.pitch, rule.tone.rate, rule.tone.volume, rule.tone.style_degree)
-        return Command(camera, t_wall, target, emotion, round(confidence, 4), expression, tone, t_mono=t_mono,
-                       reason=reason)
+
+def decide(state: TargetState, cfg: BehaviorConfig, now: float, scores: EmotionScores) -> str | None:
+    """Steps 1-3 of the module docstring for one target at `now`: the emotion to command, or None. Records the
+    command in `state` when there is one (shared by the per-camera and the avatar mappers)."""
+    state.last_seen = now
+    emotion = scores.emotion if scores.confidence >= cfg.min_confidence else None
+    if emotion != state.candidate:
+        state.candidate, state.since = emotion, now
+    if emotion is None or emotion == state.shown:
+        return None
+    if state.shown is not None and probability(scores, state.shown) >= cfg.exit_confidence:
+        return None  # the shown emotion is still held
+    if (now - state.since) * 1000.0 < cfg.dwell_ms:
+        return None
+    if (now - state.last_command) * 1000.0 < cfg.cooldown_ms:
+        return None
+    state.shown, state.last_command = emotion, now
+    return emotion
+
+
+def make_command(cfg: BehaviorConfig, camera: str, t_wall: float, t_mono: float, target: int | None, emotion: str,
+                 confidence: float, reason: str, avatar: str | None = None) -> Command:
+    """The command for `emotion` under `cfg`'s rule (expression and tone)."""
+    rule = cfg.rule_for(emotion)
+    expression = Expression(rule.expression.preset, rule.expression.weight, rule.expression.blend_ms)
+    tone = Tone(rule.tone.style, rule.tone.pitch, rule.tone.rate, rule.tone.volume, rule.tone.style_degree)
+    return Command(camera, t_wall, target, emotion, round(confidence, 4), expression, tone, t_mono=t_mono,
+                   reason=reason, avatar=avatar)
 
 
 def room_scores(faces: tuple[FaceResult, ...] | list[FaceResult]) -> EmotionScores:
@@ -200,10 +216,10 @@ def room_scores(faces: tuple[FaceResult, ...] | list[FaceResult]) -> EmotionScor
     return EmotionScores(mean.astype(np.float32))
 
 
-def _probability(scores: EmotionScores, emotion: str) -> float:
+def probability(scores: EmotionScores, emotion: str) -> float:
     return float(scores.probs[EMOTIONS.index(emotion)])
 
 
-def _distance_to(face: FaceResult, x: float, y: float) -> float:
+def distance_to(face: FaceResult, x: float, y: float) -> float:
     x1, y1, x2, y2 = face.detection.box
     return float(((x1 + x2) / 2 - x) ** 2 + ((y1 + y2) / 2 - y) ** 2) ** 0.5

@@ -19,6 +19,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from pipeline.behavior.avatars import AvatarSettings, merge_behavior
 from pipeline.behavior.settings import (
     BehaviorConfig,
     ExpressionConfig,
@@ -46,7 +47,7 @@ from pipeline.outputs.webhook import WebhookOutput
 from pipeline.outputs.websocket import WebsocketOutput
 
 __all__ = [
-    "MISSING", "AppConfig", "BehaviorConfig", "CameraConfig", "ConfigError", "ConfigIssue", "DetectorConfig",
+    "MISSING", "AppConfig", "AvatarSection", "BehaviorConfig", "CameraConfig", "ConfigError", "ConfigIssue", "DetectorConfig",
     "EmotionConfig", "ExpressionConfig", "InferenceConfig", "LoggingConfig", "OscOutput", "OutputConfig",
     "ReconnectConfig", "RuleConfig", "ServerConfig", "StdoutOutput", "ToneConfig", "TrackingConfig",
     "WebhookOutput", "WebsocketOutput", "default_rules", "load_config", "parse_config", "summarize",
@@ -63,6 +64,21 @@ class TrackingConfig(StrictModel):
     max_age_s: float = Field(1.0, gt=0, description="A track not seen for this many seconds is dropped.")
     smoothing_half_life_ms: float = Field(300.0, ge=0, description="Half-life of the exponential smoothing of "
                                                                    "emotion probabilities; 0 = no smoothing.")
+
+
+class AvatarSection(AvatarSettings):
+    """One avatar (see pipeline.behavior.avatars): its cameras, attention, behaviour, and its own outputs."""
+
+    outputs: list[OutputConfig] = Field(default_factory=list,
+                                        description="Where this avatar's commands go (and its cameras' observation "
+                                                    "and camera events): the same entries as the top-level outputs, "
+                                                    "websocket excepted (the one /ws is top-level).")
+
+    def describe(self) -> str:
+        """One line for `check-config`."""
+        outputs = "; ".join(o.describe() for o in self.outputs) or "none of its own"
+        return (f"  {self.name}: cameras {', '.join(self.cameras)}, attention {self.attention} (sticky, switch "
+                f"after {self.switch_after_ms:g} ms), outputs: {outputs}")
 
 
 # --- server, logging, whole file ----------------------------------------------------------------------------------
@@ -129,6 +145,10 @@ class AppConfig(StrictModel):
     behavior: BehaviorConfig = Field(default_factory=BehaviorConfig, description="Emotion → avatar command rules.")
     outputs: list[OutputConfig] = Field(default_factory=lambda: [StdoutOutput()],
                                         description="Where events go: stdout, websocket, osc, webhook.")
+    avatars: list[AvatarSection] = Field(default_factory=list,
+                                         description="Avatars that span cameras, each with its own attention, "
+                                                     "behaviour and outputs; cameras in no avatar keep one command "
+                                                     "stream per camera (the top-level behavior and outputs).")
     server: ServerConfig = Field(default_factory=ServerConfig, description="HTTP status server.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Logging.")
 
@@ -151,6 +171,51 @@ class AppConfig(StrictModel):
                                        f"uses {rtsp[0][1]}): OpenCV hands FFmpeg options to the whole process",
                                        key=(index, "rtsp_transport"), value=transport)
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _avatars_inherit_behavior(cls, data: object) -> object:
+        """An avatar's `behavior:` names only what differs from the top-level one: lay it over the top-level keys
+        (as written) before validation. A top-level section that is itself invalid is not inherited, so its errors
+        are reported once, at its own lines."""
+        if not isinstance(data, dict) or not isinstance(data.get("avatars"), list):
+            return data
+        top = data.get("behavior", {})
+        try:
+            BehaviorConfig.model_validate(top)
+        except ValidationError:
+            top = {}
+        avatars = [{**a, "behavior": merge_behavior(top, a.get("behavior", {}))} if isinstance(a, dict) else a
+                   for a in data["avatars"]]
+        return {**data, "avatars": avatars}
+
+    @model_validator(mode="after")
+    def _avatars_cameras(self) -> AppConfig:
+        """Avatar names key events and outputs; every camera an avatar names must exist, and belong to it alone:
+        one camera's faces answered by two avatars would make both talk to the same person."""
+        cameras = {c.name for c in self.cameras}
+        names: dict[str, int] = {}
+        owner: dict[str, int] = {}
+        for index, avatar in enumerate(self.avatars):
+            if avatar.name in names:
+                raise ConfigValueError(f"duplicate avatar name (already used by avatars[{names[avatar.name]}])",
+                                       key=("avatars", index, "name"), value=avatar.name)
+            names[avatar.name] = index
+            for j, camera in enumerate(avatar.cameras):
+                if camera not in cameras:
+                    raise ConfigValueError(f"no camera of that name (cameras: {', '.join(sorted(cameras))})",
+                                           key=("avatars", index, "cameras", j), value=camera)
+                if camera in owner:
+                    raise ConfigValueError(f"camera already watched by avatars[{owner[camera]}] "
+                                           f"({self.avatars[owner[camera]].name}): a camera belongs to at most one "
+                                           "avatar", key=("avatars", index, "cameras", j), value=camera)
+                owner[camera] = index
+            sockets = [j for j, o in enumerate(avatar.outputs) if isinstance(o, WebsocketOutput)]
+            if sockets:
+                raise ConfigValueError("an avatar cannot have a websocket output: the status server has a single "
+                                       "/ws, a top-level output (its command events carry `avatar`)",
+                                       key=("avatars", index, "outputs", sockets[0], "type"), value="websocket")
+        return self
 
     @model_validator(mode="after")
     def _websocket_served(self) -> AppConfig:
@@ -225,6 +290,9 @@ def summarize(config: AppConfig) -> str:
                  f"max_batch {inference.max_batch}, lanes {inference.lanes}, "
                  f"frame path {'graph' if inference.graph_frames else 'opencv'}")
     lines.append("outputs: " + ("; ".join(o.describe() for o in config.outputs) or "none"))
+    if config.avatars:
+        lines.append(f"avatars: {len(config.avatars)}")
+        lines.extend(avatar.describe() for avatar in config.avatars)
     server = config.server
     if server.enabled:
         host = f"[{server.host}]" if ":" in server.host else server.host

@@ -162,6 +162,7 @@ class Command:
     tone: Tone
     t_mono: float = 0.0  # capture time of the observation that caused it, for latency
     reason: str = "emotion"  # emotion | idle
+    avatar: str | None = None  # the avatar (avatars: section) the command is for; None for a per-camera stream
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,23 @@ class Delivery:
     last_sent_ts: float | None = None
 
 
+@dataclass(frozen=True)
+class AvatarRoute:
+    """What an avatar's own output receives: that avatar's commands and the observation and camera events of its
+    cameras (config events too: they concern the whole daemon). Top-level outputs have no route: they get all."""
+
+    avatar: str
+    cameras: frozenset[str]
+
+    def accepts(self, event: Event) -> bool:
+        kind = event.get("type")
+        if kind == "command":
+            return event.get("avatar") == self.avatar
+        if kind in ("observation", "camera"):
+            return event.get("camera") in self.cameras
+        return True
+
+
 class OutputSettings(StrictModel):
     """Base of every output's settings. Each subclass declares `type` (a Literal: the registry key) and `events` (the
     event types it receives) in its own field order: validators may read fields declared before them."""
@@ -62,6 +79,7 @@ class Sink(ABC):
     def __init__(self, cfg: Any, queue_size: int = 256) -> None:
         self.cfg = cfg
         self.events: frozenset[str] = frozenset(getattr(cfg, "events", ("observation", "command", "camera")))
+        self.route: AvatarRoute | None = None  # set for an avatar's own output (see AvatarRoute)
         self.sent = 0
         self.dropped = 0
         self.failed = 0
@@ -85,7 +103,7 @@ class Sink(ABC):
 
     def offer(self, event: Event) -> None:
         """Queue an event if this sink wants its type; drop and count it when the queue is full."""
-        if event["type"] not in self.events:
+        if event["type"] not in self.events or (self.route is not None and not self.route.accepts(event)):
             return
         try:
             self._queue.put_nowait(event)

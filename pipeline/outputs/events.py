@@ -47,6 +47,7 @@ def command_event(cmd: Command) -> Event:
     return {
         "type": "command",
         "camera": cmd.camera,
+        "avatar": cmd.avatar,
         "ts": round(time.time(), 3),
         "target": cmd.target,
         "emotion": cmd.emotion,
@@ -58,6 +59,19 @@ def command_event(cmd: Command) -> Event:
                  "rate": cmd.tone.rate, "volume": cmd.tone.volume},
         "latency_ms": {"total": round((time.monotonic() - cmd.t_mono) * 1000.0, 1)} if cmd.t_mono else {},
     }
+
+
+def current_json(command: Event) -> dict[str, Any]:
+    """What a WebSocket snapshot says of one stream's current command: emotion, expression, tone, and which camera
+    and when (the command event's fields)."""
+    return {key: command[key] for key in ("emotion", "expression", "tone", "camera", "target", "ts")}
+
+
+def snapshot_event(cameras: dict[str, str], current: dict[str, dict[str, Any] | None]) -> Event:
+    """The first message of every /ws client: each camera's state and each avatar's (without avatars: each
+    camera's) current expression and tone, None before its first command, so a late joiner starts in step."""
+    return {"type": "snapshot", "camera": None, "ts": round(time.time(), 3), "cameras": cameras,
+            "avatars": current}
 
 
 def camera_event(event: CameraEvent) -> Event:

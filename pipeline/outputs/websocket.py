@@ -6,6 +6,12 @@ queue per client; a client whose queue is full (it reads more slowly than events
 counted, never waited for, so one stuck browser tab cannot delay the others or the pipeline.
 
 A client may ask for some event types only: `/ws?types=command` or `/ws?types=command,camera`.
+
+Late joiners: every client first gets one `snapshot` event (a client with `?types=` only when it names
+`snapshot`, e.g. `/ws?types=snapshot,command`: clients written before it existed see nothing new), built by the hub's `snapshot`
+callable (the daemon's) on the server's loop before the client joins the fan-out: each camera's state and each
+avatar's current expression and tone. Events already on their way may repeat what the snapshot says; none is lost
+between the snapshot and the stream, because the client is added to the fan-out in the same loop step.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import json
 import logging
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -28,7 +35,7 @@ from pipeline.outputs.events import Event
 
 log = logging.getLogger(__name__)
 
-EVENT_TYPES = frozenset({"observation", "command", "camera", "config"})
+EVENT_TYPES = frozenset({"observation", "command", "camera", "config", "snapshot"})
 DEFAULT_QUEUE = 256
 # How much may sit in buffers for one client before its queue starts to fill: the kernel's send buffer (fixed, so
 # that autotuning cannot hide a stuck client behind megabytes; 64 KiB allows > 1 MB/s at 50 ms round trip, far
@@ -63,6 +70,7 @@ class EventHub:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._clients: set[_Client] = set()
         self._lock = threading.Lock()
+        self.snapshot: Callable[[], Event] | None = None  # the late joiner's first message (see the module doc)
 
     # ---------------------------------------------------------------- configuration (any thread)
 
@@ -164,7 +172,8 @@ class EventHub:
         await ws.prepare(request)
         _bound_buffers(request)
         peer = _peer(request)
-        client = _Client(ws, request, peer, types, asyncio.Queue(maxsize=self.queue_size))
+        client = _Client(ws, request, peer, types, asyncio.Queue(maxsize=self.queue_size + 1))
+        self._queue_snapshot(client)
         client.sender = asyncio.get_running_loop().create_task(self._send_loop(client))
         self._clients.add(client)
         self.clients_total += 1
@@ -178,6 +187,17 @@ class EventHub:
             if client.sender is not None:
                 client.sender.cancel()
         return ws
+
+    def _queue_snapshot(self, client: _Client) -> None:
+        """The snapshot first, in the same loop step that adds the client to the fan-out (so nothing is missed)."""
+        if self.snapshot is None or (client.types is not None and "snapshot" not in client.types):
+            return
+        try:
+            text = json.dumps(self.snapshot(), separators=(",", ":"))
+        except (TypeError, ValueError, RuntimeError) as exc:
+            log.warning("websocket client %s: no snapshot (%s)", client.peer, exc)
+            return
+        client.queue.put_nowait(text)
 
     async def _send_loop(self, client: _Client) -> None:
         try:

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from pipeline.behavior.mapper import BehaviorMapper
+from pipeline.behavior.avatar_mapper import BehaviorRouter
 from pipeline.capture.source_base import VideoSource
 from pipeline.capture.sources import open_source
 from pipeline.capture.thread import CaptureThread
@@ -38,7 +38,9 @@ from pipeline.outputs.events import (
     camera_event,
     command_event,
     config_event,
+    current_json,
     observation_event,
+    snapshot_event,
 )
 from pipeline.outputs.websocket import EventHub
 from pipeline.service.cameras import (
@@ -57,7 +59,7 @@ from pipeline.service.parts import (
     limit_opencv_threads,
     load_perception,
     new_tracker,
-    open_sinks,
+    open_all_sinks,
     set_rtsp_transport,
     warn_if_events_unseen,
 )
@@ -112,11 +114,13 @@ class Daemon:
         self.cameras: dict[str, Camera] = {}  # replaced, never mutated: other threads iterate it
         self.observations = ObservationQueue(OBSERVATION_QUEUE, self.counters)
         self._cameras_left: queue.SimpleQueue[str] = queue.SimpleQueue()  # camera events → the behaviour thread
-        self.mapper = BehaviorMapper(cfg.behavior)
+        self.mapper = BehaviorRouter(cfg.behavior, cfg.avatars)
+        self.current: dict[str, Event] = {}  # avatar (else camera) → its last command, for late joiners
         self.mapper_heartbeat = time.monotonic()
         self.mapper_thread = threading.Thread(target=self._mapper_loop, name="behavior", daemon=True)
         self.notifier = notifier or Notifier()
         self.hub = EventHub()
+        self.hub.snapshot = self.ws_snapshot
         self.previews = PreviewStore(cfg.server.preview_fps, self._raw_frame)
         self.metrics = PipelineMetrics(self.snapshot)
         self.server: StatusServer | None = None
@@ -146,7 +150,7 @@ class Daemon:
             self.server = self.new_server(self.cfg)
             self.server.start()
         self.perception = load_perception(self.cfg)
-        self.sinks = open_sinks(self.cfg.outputs, self.hub, STOP_BUDGET["outputs"], self.cfg.behavior.rule_presets())
+        self.sinks = open_all_sinks(self.cfg, self.hub, STOP_BUDGET["outputs"])
         self.bus = EventBus(self.sinks)
         configure_hub(self.hub, self.cfg)
         self.mapper_thread.start()
@@ -233,9 +237,18 @@ class Daemon:
     def _publish_commands(self, commands: list[Command]) -> None:
         for command in commands:
             event = command_event(command)
+            self.current = {**self.current, command.avatar or command.camera: current_json(event)}
             self.recent_commands.append(event)
             self.commands_sent += 1
             self.bus.publish(event)
+
+    def ws_snapshot(self) -> Event:
+        """What a /ws client gets first (on the server's loop, so only plain reads): every camera's state and each
+        stream's (avatar's, or a camera's in no avatar) current command, None before the first."""
+        cameras = {name: str(cam.capture.state) for name, cam in self.cameras.items()}
+        current, mapper = self.current, self.mapper
+        streams = mapper.names(c.name for c in self.cfg.cameras if c.enabled)
+        return snapshot_event(cameras, {name: current.get(name) for name in streams})
 
     def _workers_alive(self) -> bool:
         return any(cam.worker.is_alive() for cam in self.cameras.values())
@@ -395,7 +408,7 @@ class Daemon:
         sinks: list[Sink] | None = None
         try:
             if plan.outputs:
-                sinks = open_sinks(new.outputs, self.hub, STOP_BUDGET["outputs"], new.behavior.rule_presets())
+                sinks = open_all_sinks(new, self.hub, STOP_BUDGET["outputs"])
             if plan.server == "restart":
                 self._restart_server(new)
         except BaseException:
@@ -419,7 +432,8 @@ class Daemon:
         if plan.logging:
             setup_logging(self.log_level or new.logging.level, new.logging.format)
         if plan.behavior:
-            self.mapper = BehaviorMapper(new.behavior)
+            self.mapper = BehaviorRouter(new.behavior, new.avatars)
+            self.current = {}
         self.cfg = new
         for name in plan.removed + plan.changed:
             self.stop_camera(name)

@@ -20,6 +20,7 @@ import cv2
 from pipeline.capture.sources import configure_ffmpeg
 from pipeline.inference.perception import Analyzer
 from pipeline.inference.perception import load_perception as build_perception
+from pipeline.outputs.base import AvatarRoute
 from pipeline.outputs.registry import create_sink
 from pipeline.outputs.websocket import WebsocketSink
 from pipeline.service.lifecycle import close_sinks
@@ -50,11 +51,12 @@ def load_perception(cfg: AppConfig) -> Analyzer:
     return perception
 
 
-def open_sinks(outputs: list[Any], hub: EventHub, close_timeout_s: float, presets: Sequence[str] = ()) -> list[Sink]:
+def open_sinks(outputs: list[Any], hub: EventHub, close_timeout_s: float, presets: Sequence[str] = (),
+               route: AvatarRoute | None = None) -> list[Sink]:
     """Every output started; if one fails, the ones already started are closed again and the error raised.
 
     `presets`: the expression names the behaviour rules use (`BehaviorConfig.rule_presets`), for outputs that reset
-    every expression they may have set (VMC)."""
+    every expression they may have set (VMC). `route`: an avatar's outputs receive only what that avatar concerns."""
     sinks: list[Sink] = []
     try:
         for out in outputs:
@@ -63,8 +65,24 @@ def open_sinks(outputs: list[Any], hub: EventHub, close_timeout_s: float, preset
                 sink.bind(hub)
             if sink.type_name in CONFIG_EVENT_OUTPUTS:
                 sink.events = sink.events | {"config"}
+            sink.route = route
             sink.start()
             sinks.append(sink)
+    except BaseException:
+        close_sinks(sinks, close_timeout_s)
+        raise
+    return sinks
+
+
+def open_all_sinks(cfg: AppConfig, hub: EventHub, close_timeout_s: float) -> list[Sink]:
+    """The top-level outputs (every event), then each avatar's own outputs (routed: that avatar's commands and its
+    cameras' events, `AvatarRoute`); if one fails, those already started are closed again and the error raised."""
+    sinks = open_sinks(cfg.outputs, hub, close_timeout_s, cfg.behavior.rule_presets())
+    try:
+        for avatar in cfg.avatars:
+            route = AvatarRoute(avatar.name, frozenset(avatar.cameras))
+            own = open_sinks(avatar.outputs, hub, close_timeout_s, avatar.behavior.rule_presets(), route)
+            sinks.extend(own)
     except BaseException:
         close_sinks(sinks, close_timeout_s)
         raise
@@ -101,13 +119,16 @@ def new_tracker(cfg: AppConfig) -> IouTracker:
 
 
 def label_sinks(sinks: list[Sink]) -> list[tuple[str, Sink]]:
-    """Each output with a unique label for metrics and status: its type, then type-2, type-3 … for repeats."""
+    """Each output with a unique label for metrics and status: its type, then type-2, type-3 … for repeats; an
+    avatar's own outputs are prefixed with the avatar's name (`hall.osc`, `hall.osc-2`)."""
     seen: Counter[str] = Counter()
     labels = []
     for sink in list(sinks):
-        seen[sink.type_name] += 1
-        n = seen[sink.type_name]
-        labels.append((sink.type_name if n == 1 else f"{sink.type_name}-{n}", sink))
+        route = getattr(sink, "route", None)
+        base = f"{route.avatar}.{sink.type_name}" if route is not None else sink.type_name
+        seen[base] += 1
+        n = seen[base]
+        labels.append((base if n == 1 else f"{base}-{n}", sink))
     return labels
 
 

@@ -4,7 +4,9 @@ Cameras are compared by name (enabled ones only): a camera whose settings are eq
 and track ids; a changed camera is stopped and started again; added and removed ones are started and stopped.
 A change of detector, emotion model or inference settings rebuilds the shared models (every worker is restarted on
 the new ones; captures keep running and trackers keep their ids). A tracking change restarts the workers with fresh
-trackers. Behaviour, outputs, logging and server changes replace just that part.
+trackers. Behaviour, outputs, logging and server changes replace just that part. A changed `avatars:` section
+replaces behaviour (every mapper: attention and shown emotions start afresh) and reopens every output, the
+top-level ones too (simple, and an output's route follows its avatar's cameras).
 
 The daemon applies the plan itself (pipeline.service.daemon); this module only decides.
 """
@@ -32,6 +34,7 @@ class ReloadPlan:
     outputs: bool
     server: str  # same | live (token, preview_fps) | restart (host, port, enabled)
     logging: bool
+    avatars: bool = False  # the avatars section changed: behaviour and every output are replaced
 
     @property
     def empty(self) -> bool:
@@ -44,7 +47,7 @@ class ReloadPlan:
                  (("added", self.added), ("removed", self.removed), ("restarted", self.changed)) if names]
         for flag, text in ((self.models, "models reloaded"), (self.tracking, "trackers reset"),
                            (self.behavior, "behaviour rules replaced"), (self.outputs, "outputs reopened"),
-                           (self.logging, "logging reconfigured")):
+                           (self.logging, "logging reconfigured"), (self.avatars, "avatars replaced")):
             if flag:
                 parts.append(text)
         if self.server == "live":
@@ -63,6 +66,7 @@ def plan_reload(old: AppConfig, new: AppConfig) -> ReloadPlan:
     """Compare two configurations; pure, so the decision can be tested without a running daemon."""
     before, after = enabled_cameras(old), enabled_cameras(new)
     common = [name for name in after if name in before]
+    avatars = old.avatars != new.avatars
     server = "same"
     if old.server != new.server:
         same_socket = (old.server.enabled, old.server.host, old.server.port) == \
@@ -75,9 +79,10 @@ def plan_reload(old: AppConfig, new: AppConfig) -> ReloadPlan:
         unchanged=tuple(n for n in common if before[n] == after[n]),
         models=(old.detector, old.emotion, old.inference) != (new.detector, new.emotion, new.inference),
         tracking=old.tracking != new.tracking,
-        behavior=old.behavior != new.behavior,
+        behavior=old.behavior != new.behavior or avatars,
         # the VMC output resets every preset the rules use: new rule presets reopen the outputs
-        outputs=old.outputs != new.outputs or old.behavior.rule_presets() != new.behavior.rule_presets(),
+        outputs=old.outputs != new.outputs or old.behavior.rule_presets() != new.behavior.rule_presets() or avatars,
         server=server,
         logging=old.logging != new.logging,
+        avatars=avatars,
     )
