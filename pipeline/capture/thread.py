@@ -13,10 +13,12 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pipeline.capture.sources import (
     OPEN_TIMEOUT_MS,
+    READ_TIMEOUT_MARGIN_S,
     SourceEnded,
     SourceError,
     VideoSource,
@@ -36,6 +38,9 @@ READER_JOIN_S = 1.0
 DUE_TOLERANCE = 0.25
 # How long an opened-but-silent source may take to deliver its first frame, beyond stall_s.
 OPEN_GRACE_S = OPEN_TIMEOUT_MS / 1000.0
+# How long the reader may stay in the blocking call of a session that ended (a stalled read gives up
+# READ_TIMEOUT_MARGIN_S after the stall, an open after OPEN_TIMEOUT_MS) before the camera starts a new reader thread.
+READER_RETURN_S = OPEN_GRACE_S + READ_TIMEOUT_MARGIN_S
 
 # The lifecycle, written down once: state -> states it may move to.
 TRANSITIONS: dict[str, frozenset[str]] = {
@@ -114,56 +119,123 @@ def lower_thread_priority(increment: int) -> None:
         log.warning("cannot lower the capture thread's CPU priority: %s", exc)
 
 
+@dataclass
+class ReadSession:
+    """One open → read → close of a camera's source, run by the camera's reader thread.
+
+    The capture thread watches a session through these fields; `cancel` ends it (the reader returns from its current
+    blocking call first), `done` says the source was closed and `outcome` is why the session ended."""
+
+    started_mono: float = field(default_factory=time.monotonic)
+    frames: int = 0
+    description: str = ""
+    source_kind: str = ""  # the VideoSource.kind opened (e.g. nvdec when decoding on the GPU)
+    outcome: SourceError | SourceEnded | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+
+
 class SourceReader(threading.Thread):
-    """Opens one source and reads it into the camera's slot until it fails, ends, or is abandoned.
+    """The one thread that opens and reads a camera's source, session after session, for the camera's whole life.
 
     All blocking I/O (FFmpeg opens and reads) happens here, never on the CaptureThread, so the camera's lifecycle
-    and shutdown never wait for a dead host. An abandoned reader finishes its current blocking call (bounded by
-    the source's own timeouts), then releases the source itself.
+    and shutdown never wait for a dead host. The thread survives reconnects: a thread per reconnect made glibc hand
+    each new thread a different malloc arena for FFmpeg's packet and frame buffers, and every arena a camera passed
+    through kept its freed buffers cached, so resident memory rose at each reconnect (issue 12, item 9;
+    BENCHMARKS.md, "Memory at reconnects"). A retired reader finishes its current blocking call (bounded by the
+    source's own timeouts), then releases the source itself and ends.
     """
 
     def __init__(self, cfg: CameraConfig, factory: Callable[[CameraConfig], VideoSource],
-                 publish: Callable[[FrameImage], None], arrived: Callable[[], None]) -> None:
+                 publish: Callable[[FrameImage], None], arrived: Callable[[], object]) -> None:
         super().__init__(name=f"reader-{cfg.name}", daemon=True)
         self.cfg = cfg
-        self.outcome: SourceError | SourceEnded | None = None
-        self.description = ""
-        self.source_kind = ""  # the VideoSource.kind opened (e.g. nvdec when decoding on the GPU)
-        self.started_mono = time.monotonic()
-        self.frames = 0
+        self.session = ReadSession()  # the current or last session; a finished placeholder until the first
+        self.session.done.set()
         self._factory = factory
         self._publish = publish
         self._arrived = arrived
-        self._abandoned = threading.Event()
+        self._pending: ReadSession | None = None
+        self._retired = False
+        self._wake = threading.Condition()
 
-    def abandon(self) -> None:
-        self._abandoned.set()
+    @property
+    def frames(self) -> int:
+        """Frames read in the current session."""
+        return self.session.frames
+
+    @property
+    def description(self) -> str:
+        """The current session's source, as logs and status show it."""
+        return self.session.description
+
+    @property
+    def source_kind(self) -> str:
+        """What decodes the current session (`bench pipeline` reports it)."""
+        return self.session.source_kind
+
+    @property
+    def idle(self) -> bool:
+        """No session is running or waiting: a new one starts at once."""
+        with self._wake:
+            return self._pending is None and self.session.done.is_set()
+
+    def begin(self) -> ReadSession:
+        """Start a new session (the reader must be idle: the capture thread waits for that first)."""
+        session = ReadSession()
+        with self._wake:
+            if self._retired or self._pending is not None or not self.session.done.is_set():
+                raise RuntimeError(f"camera {self.cfg.name}: reader busy, cannot begin a session")
+            self._pending = session
+            self._wake.notify()
+        return session
+
+    def retire(self) -> None:
+        """End the current session and the thread, once its blocking call returns."""
+        with self._wake:
+            self._retired = True
+            self.session.cancel.set()
+            self._wake.notify()
 
     def run(self) -> None:
+        lower_thread_priority(self.cfg.nice)  # before any source starts its decoder threads: they inherit it
+        while (session := self._next_session()) is not None:
+            self._serve(session)
+
+    def _next_session(self) -> ReadSession | None:
+        with self._wake:
+            self._wake.wait_for(lambda: self._retired or self._pending is not None)
+            session, self._pending = self._pending, None
+            if self._retired or session is None:
+                return None
+            self.session = session
+            return session
+
+    def _serve(self, session: ReadSession) -> None:
+        """Open the source, read it until the session fails, ends or is cancelled; always close it."""
         source: VideoSource | None = None
-        lower_thread_priority(self.cfg.nice)  # before the source starts its decoder threads: they inherit it
         try:
             source = self._factory(self.cfg)
-            self.description = source.describe()
-            self.source_kind = source.kind
-            self._read_loop(source)
+            session.description, session.source_kind = source.describe(), source.kind
+            self._read_loop(source, session)
         except (SourceError, SourceEnded) as exc:
-            self.outcome = exc
+            session.outcome = exc
         except Exception as exc:  # noqa: BLE001 - a decoder surprise must become a retry, not a dead camera
             log.exception("camera %s: unexpected capture error", self.cfg.name)
-            self.outcome = SourceError(f"unexpected capture error: {exc}")
+            session.outcome = SourceError(f"unexpected capture error: {exc}")
         finally:
             if source is not None:
                 source.close()
+            session.done.set()
 
-    def _read_loop(self, source: VideoSource) -> None:
+    def _read_loop(self, source: VideoSource, session: ReadSession) -> None:
         """Grab every frame; convert and publish only those due under the camera's fps cap."""
         period = 1.0 / self.cfg.fps
         next_due = 0.0
-        while not self._abandoned.is_set():
+        while not session.cancel.is_set():
             if not source.grab(timeout=self.cfg.reconnect.stall_s):
                 raise SourceError("no frame within the read timeout")
-            if self._abandoned.is_set():
+            if session.cancel.is_set():
                 return
             now = time.monotonic()
             if now < next_due - period * DUE_TOLERANCE:
@@ -171,7 +243,7 @@ class SourceReader(threading.Thread):
             else:
                 self._publish(source.retrieve())
                 next_due = max(next_due + period, now - period)
-            self.frames += 1  # after publishing: the watcher reads `frames > 0` as "last_frame_mono is ours"
+            session.frames += 1  # after publishing: the watcher reads `frames > 0` as "last_frame_mono is ours"
 
 
 class CaptureThread(threading.Thread):
@@ -190,11 +262,13 @@ class CaptureThread(threading.Thread):
         self.stalls = RecentEvents()
         self.last_frame_mono: float | None = None
         self.reader: SourceReader | None = None
+        self.readers_started = 0  # reader threads this camera started: 1, unless a reader stayed blocked
         self._stop_event = stop
         self._on_event = on_event
         self._source_factory = source_factory
         self._backoff = Backoff(cfg.reconnect.initial_s, cfg.reconnect.max_s)
         self._index = 0
+        self._session_ended_mono = 0.0
 
     def set_state(self, state: CameraState, detail: str = "") -> None:
         if state == self.state and state != "reconnecting":
@@ -212,19 +286,21 @@ class CaptureThread(threading.Thread):
                 self._session()
         finally:
             if self.reader is not None:
-                self.reader.abandon()
+                self.reader.retire()
                 self.reader.join(READER_JOIN_S)  # files and the demo finish at once; a hung stream is left to time out
             if self.state != "ended":
                 self.set_state("stopped")
             self.slot.close()
 
     def _session(self) -> None:
-        """Watch one reader until it fails, ends, stalls, or the pipeline stops."""
-        reader = SourceReader(self.cfg, self._source_factory, self._publish, self._arrived)
-        self.reader = reader
-        reader.start()
-        failure = self._watch(reader)
-        reader.abandon()
+        """Have the reader open the source again, and watch it until it fails, ends, stalls, or the pipeline stops."""
+        reader = self._idle_reader()
+        if reader is None:
+            return
+        session = reader.begin()
+        failure = self._watch(session)
+        session.cancel.set()
+        self._session_ended_mono = time.monotonic()
         if failure is None:
             return
         if isinstance(failure, SourceEnded):
@@ -232,21 +308,50 @@ class CaptureThread(threading.Thread):
             return
         self._retry_later(str(failure))
 
-    def _watch(self, reader: SourceReader) -> SourceError | SourceEnded | None:
+    def _idle_reader(self) -> SourceReader | None:
+        """The camera's reader thread, once it has left the session that ended; None if the pipeline stops meanwhile.
+
+        The same thread serves every reconnect (see SourceReader for why). A new one is started for the first
+        session, and only otherwise when the old one is still blocked READER_RETURN_S after its session ended, longer
+        than the source's own timeouts allow: it is retired (it ends once its call returns) so the camera recovers."""
+        reader = self.reader
+        if reader is not None and reader.is_alive():
+            if self._wait_idle(reader):
+                return reader
+            if self._stop_event.is_set():
+                return None
+            log.warning("camera %s: the reader is still blocked in its source %.0f s after the session ended; "
+                        "starting a new reader thread", self.cfg.name, time.monotonic() - self._session_ended_mono)
+            reader.retire()
+        reader = SourceReader(self.cfg, self._source_factory, self._publish, self._arrived)
+        self.reader = reader
+        self.readers_started += 1
+        reader.start()
+        return reader
+
+    def _wait_idle(self, reader: SourceReader) -> bool:
+        """Wait until `reader` is idle: False past READER_RETURN_S after the last session ended, or on stop."""
+        deadline = self._session_ended_mono + READER_RETURN_S
+        while not reader.idle:
+            if time.monotonic() >= deadline or self._stop_event.wait(self.POLL_S):
+                return False
+        return True
+
+    def _watch(self, session: ReadSession) -> SourceError | SourceEnded | None:
         stall_s = self.cfg.reconnect.stall_s
         while not self._stop_event.wait(self.POLL_S):
-            if reader.frames and self.state != "streaming":  # before the liveness check: a short session counts
-                self.set_state("streaming", reader.description)
+            if session.frames and self.state != "streaming":  # before the liveness check: a short session counts
+                self.set_state("streaming", session.description)
                 self._backoff.reset()
-            if not reader.is_alive():
-                return reader.outcome or SourceError("source closed")
-            if reader.frames:
-                silent = time.monotonic() - (self.last_frame_mono or reader.started_mono)
+            if session.done.is_set():
+                return session.outcome or SourceError("source closed")
+            if session.frames:
+                silent = time.monotonic() - (self.last_frame_mono or session.started_mono)
                 if silent > stall_s:
                     self.stalls.mark()
                     self.set_state("stalled", f"no frame for {stall_s:g} s")
                     return SourceError("stalled")
-            elif time.monotonic() - reader.started_mono > OPEN_GRACE_S + stall_s:
+            elif time.monotonic() - session.started_mono > OPEN_GRACE_S + stall_s:
                 return SourceError("no frame after opening")
         return None
 
