@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import cv2
 import pytest
-from pythonosc.osc_message import OscMessage
 
 from pipeline.behavior.avatar_mapper import AvatarMapper, BehaviorRouter
 from pipeline.behavior.avatars import AvatarSettings
@@ -31,6 +29,7 @@ from pipeline.service.reload import plan_reload
 from pipeline.vision.track import IouTracker
 from tests.conftest import data_path
 from tests.running_daemon import RunningDaemon, clip, free_port, write_config
+from tests.test_sinks_osc_webhook import OscReceiver
 
 STEP = 0.125  # seconds of the synthetic capture clock between two rounds (one observation per camera)
 T0, WALL0 = 5000.0, 1_764_470_000.0
@@ -200,34 +199,6 @@ def test_cameras_in_no_avatar_keep_their_own_stream() -> None:
 # ---------------------------------------------------------------- two avatars, two OSC receivers, the snapshot
 
 
-class _OscReceiver:
-    """A real UDP socket that collects the OSC messages (address, args) sent to it."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.settimeout(0.2)
-        self.port = int(self.sock.getsockname()[1])
-        self.messages: list[tuple[str, list[Any]]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
-
-    def _read(self) -> None:
-        while not self._stop.is_set():
-            try:
-                data = self.sock.recv(65536)
-            except TimeoutError:
-                continue
-            message = OscMessage(data)
-            self.messages.append((message.address, list(message.params)))
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(2)
-        self.sock.close()
-
-
 def _get_json(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=5) as response:
         return json.loads(response.read())
@@ -251,7 +222,8 @@ async def _receive(url: str, count: int) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def two_avatars(prepared_models: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("avatars")
-    anna, ben = _OscReceiver(), _OscReceiver()
+    receivers = ExitStack()
+    anna, ben = receivers.enter_context(OscReceiver()), receivers.enter_context(OscReceiver())
     port = free_port()
     config = write_config(
         tmp / "config.yaml",
@@ -270,16 +242,15 @@ def two_avatars(prepared_models: None, tmp_path_factory: pytest.TempPathFactory)
         assert code == 0 and "Traceback" not in daemon.stderr_text()
     finally:
         daemon.kill()
-        anna.close()
-        ben.close()
+        receivers.close()
 
 
 def _commands_of(daemon: RunningDaemon, avatar: str) -> list[dict[str, Any]]:
     return [e for e in daemon.of("command") if e.get("avatar") == avatar]
 
 
-def _osc_commands(receiver: _OscReceiver) -> Callable[[], list[str]]:
-    return lambda: [address for address, _ in list(receiver.messages) if address.endswith("/command")]
+def _osc_commands(receiver: OscReceiver) -> Callable[[], list[str]]:
+    return lambda: [address for address, _ in list(receiver.dispatched) if address.endswith("/command")]
 
 
 def test_two_avatars_each_output_gets_only_its_own_commands(two_avatars: dict[str, Any]) -> None:
@@ -290,7 +261,7 @@ def test_two_avatars_each_output_gets_only_its_own_commands(two_avatars: dict[st
     assert {e["avatar"] for e in daemon.of("command")} == {"anna", "ben"}
     assert {e["camera"] for e in _commands_of(daemon, "anna")} == {"left"}
     for receiver, own, other in ((anna, ("left", "anna"), ("right", "ben")), (ben, ("right", "ben"), ("left", "anna"))):
-        segments = {address.split("/")[2] for address, _ in list(receiver.messages)}
+        segments = {address.split("/")[2] for address, _ in list(receiver.dispatched)}
         assert segments and segments <= set(own) and not segments & set(other), segments
     outputs = {o["output"] for o in _get_json(two_avatars["base"] + "/api/status")["sinks"]}
     assert {"stdout", "websocket", "anna.osc", "ben.osc"} <= outputs
