@@ -1,17 +1,42 @@
 #!/usr/bin/env bash
-# Trains emotion model candidates on the lent H200 (issue 13), one after the other, and leaves each one's
-# model.onnx + model_card.json under $OUT/<arch>_<size>/. PyTorch is preinstalled there; the training split travels
-# in the git-ignored .traindata/ (cp ../shared/data/train/fer2013_train_jpeg.npz .traindata/ here, carry .traindata).
-# Usage there:  ARCHS="resnet_t resnet_t1" SIZES="64" EPOCHS=60 bash deploy/train-gpu.sh
+# Trains the emotion model candidates of issue 13 on the lent H200 and leaves each run's model.onnx, checkpoint.pt
+# and model_card.json under $TRAIN_OUT/<run>/ (default $OUT). PyTorch is preinstalled there; the training split
+# travels in the git-ignored .traindata/ (here: cp ../shared/data/train/fer2013_train_jpeg.npz .traindata/; carry it).
+#
+# Two phases, each a set of runs in parallel on the one GPU (the networks are small: one alone leaves it mostly idle):
+#   1. plain training: the small candidates (fast enough for 2 CPU cores) and larger teachers, the teacher twice
+#      (the "_rep" copy is the same command again: it measures how exactly the recipe reproduces on this machine);
+#   2. the small candidates distilled from the teacher (and the "_rep" student from the "_rep" teacher, so the whole
+#      chain is reproduced end to end).
+# Usage there:  EPOCHS=80 bash deploy/train-gpu.sh      (SMALL, TEACHER, EXTRA override the sets of runs)
 set -uo pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
+out=${TRAIN_OUT:-${OUT:-/tmp/out}}
 data=.traindata/fer2013_train_jpeg.npz
+epochs=${EPOCHS:-80}
+small=${SMALL:-"resnet_t:64 resnet_t1:64"}
+teacher=${TEACHER:-resnet_m:48}
+extra=${EXTRA:-"resnet_s:48 vgg_s:48"}
+mkdir -p "$out"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
-for arch in ${ARCHS:-resnet_t resnet_t1}; do
-  for size in ${SIZES:-64}; do
-    python3 tools/train_emotion.py --data "$data" --out "$OUT/${arch}_${size}" --arch "$arch" --size "$size" \
-      --epochs "${EPOCHS:-60}" --seed "${SEED:-0}" 2> "$OUT/${arch}_${size}.log"
-    tail -1 "$OUT/${arch}_${size}.log"
-  done
+
+run() {  # run NAME ARCH SIZE [more train_emotion.py options]: one training, its log in $out/NAME.log
+  local name=$1 arch=$2 size=$3; shift 3
+  python3 tools/train_emotion.py --data "$data" --out "$out/$name" --arch "$arch" --size "$size" \
+    --epochs "$epochs" --seed "${SEED:-0}" "$@" 2> "$out/$name.log"
+  echo "$name: $(tail -1 "$out/$name.log")"
+}
+
+for spec in $small $extra; do run "${spec/:/_}" "${spec%:*}" "${spec#*:}" & done
+run "${teacher/:/_}" "${teacher%:*}" "${teacher#*:}" &
+run "${teacher/:/_}_rep" "${teacher%:*}" "${teacher#*:}" &
+wait
+echo "phase 1 done $(date +%T)"
+
+for spec in $small; do
+  run "${spec/:/_}_kd" "${spec%:*}" "${spec#*:}" --teacher "$out/${teacher/:/_}" &
 done
+first=${small%% *}
+run "${first/:/_}_kd_rep" "${first%:*}" "${first#*:}" --teacher "$out/${teacher/:/_}_rep" &
+wait
+echo "phase 2 done $(date +%T)"

@@ -21,9 +21,10 @@ What it does, and why:
 * **Calibration**: a temperature fitted on the validation hold-out (minimum NLL), baked into the exported graph
   (softmax(logits / T)), so the behaviour mapper's min_confidence means the same for any model; the expected
   calibration error before and after goes into the model card.
-* **Export**: ONNX taking float NCHW [N, 1, S, S] normalised as (x/255 - 0.5)/0.5 and giving probabilities in
-  FER2013's label order, exactly the contract `models/<name>.yaml`'s raw_input describes; prepare-models bakes the
-  uint8 input and normalisation in, as for the other models.
+* **Export**: `model.onnx` and `model.fp16w.onnx` (the same network with its weights stored in float16: the file
+  committed under models/weights/, see tools/onnx_fp16_weights.py), ONNX taking float NCHW [N, 1, S, S] normalised
+  as (x/255 - 0.5)/0.5 and giving probabilities in FER2013's label order, exactly the contract of raw_input in
+  `models/<name>.yaml`; prepare-models bakes the uint8 input and normalisation in, as for the other models.
 
 Everything random is seeded (`--seed`); `model_card.json` next to the ONNX records the command, data hash, figures.
 """
@@ -42,8 +43,10 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import onnx
 import torch
 import torch.nn.functional as F
+from onnx_fp16_weights import store_weights_fp16  # tools/ beside this script
 from torch import nn
 
 log = logging.getLogger("train_emotion")
@@ -223,6 +226,8 @@ class Settings:
     weight_decay: float
     smoothing: float
     seed: int
+    distill_weight: float = 0.0
+    distill_temperature: float = 4.0
 
 
 def sampling_weights(labels: np.ndarray) -> np.ndarray:
@@ -246,8 +251,46 @@ def logits_of(net: nn.Module, images: torch.Tensor, size: int, flip: bool, batch
     return torch.cat(outputs)
 
 
-def train(settings: Settings, train_set: Split, val_set: Split, device: torch.device) -> tuple[nn.Module, dict]:
-    """Train with SGD + cosine schedule; keep the state with the best flip-averaged validation accuracy."""
+@dataclass(frozen=True)
+class Teacher:
+    """A trained network whose softened probabilities the student also learns from (knowledge distillation): a
+    small network that must run in 2 ms on a CPU learns more from a larger one's soft labels than from hard ones."""
+
+    net: nn.Module
+    size: int
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The teacher's logits for a batch the student sees (resized to the teacher's input side)."""
+        if x.shape[-1] != self.size:
+            x = F.interpolate(x, size=(self.size, self.size), mode="bilinear", align_corners=False)
+        with torch.no_grad():
+            return self.net(x).float()
+
+
+def load_teacher(folder: Path, device: torch.device) -> Teacher:
+    """The network saved by an earlier run in `folder` (its checkpoint.pt), frozen."""
+    checkpoint = torch.load(folder / "checkpoint.pt", map_location=device)
+    net = ARCHITECTURES[checkpoint["arch"]]().to(device)
+    net.load_state_dict(checkpoint["state"])
+    return Teacher(net.eval(), int(checkpoint["size"]))
+
+
+def batch_loss(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, settings: Settings,
+               teacher: Teacher | None) -> torch.Tensor:
+    """Label-smoothed cross-entropy, blended with the KL divergence to the teacher's softened output if any."""
+    logits = net(x).float()
+    loss = F.cross_entropy(logits, labels, label_smoothing=settings.smoothing)
+    if teacher is None or settings.distill_weight <= 0:
+        return loss
+    t = settings.distill_temperature
+    soft = F.kl_div(F.log_softmax(logits / t, 1), F.log_softmax(teacher.logits(x) / t, 1), reduction="batchmean",
+                    log_target=True) * t * t
+    return (1 - settings.distill_weight) * loss + settings.distill_weight * soft
+
+
+def train(settings: Settings, train_set: Split, val_set: Split, device: torch.device,
+          teacher: Teacher | None = None) -> tuple[nn.Module, dict]:
+    """Train with SGD + one-cycle schedule; keep the state with the best flip-averaged validation accuracy."""
     torch.manual_seed(settings.seed)
     generator = torch.Generator(device=device).manual_seed(settings.seed)
     net = ARCHITECTURES[settings.arch]().to(device)
@@ -269,7 +312,7 @@ def train(settings: Settings, train_set: Split, val_set: Split, device: torch.de
             pick = torch.multinomial(weights, settings.batch, replacement=True, generator=generator)
             x = normalise(augment(images[pick], settings.size, generator))
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                loss = F.cross_entropy(net(x).float(), labels[pick], label_smoothing=settings.smoothing)
+                loss = batch_loss(net, x, labels[pick], settings, teacher)
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()
@@ -372,6 +415,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--weight-decay", type=float, default=5e-4, help="SGD weight decay (default 5e-4)")
     parser.add_argument("--smoothing", type=float, default=0.1, help="label smoothing (default 0.1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of initialisation, sampling and augmentation")
+    parser.add_argument("--teacher", type=Path, help="an earlier run's --out folder to distil from (checkpoint.pt)")
+    parser.add_argument("--distill-weight", type=float, default=0.5, help="share of the teacher's loss (0.5)")
+    parser.add_argument("--distill-temperature", type=float, default=4.0, help="softening of both outputs (4)")
     parser.add_argument("--val-fraction", type=float, default=0.1, help="validation hold-out per class (0.1)")
     parser.add_argument("--split-seed", type=int, default=20261201, help="seed of the hold-out (keep it fixed)")
     parser.add_argument("--limit", type=int, default=0, help="use only N random images (a smoke test)")
@@ -390,16 +436,19 @@ def main(argv: list[str] | None = None) -> int:
     train_set, val_set = Split(images[train_idx], labels[train_idx]), Split(images[val_idx], labels[val_idx])
     log.info("%d training images, %d held out for validation", len(train_idx), len(val_idx))
     settings = Settings(args.arch, args.size, args.epochs, args.batch, args.lr, args.weight_decay, args.smoothing,
-                        args.seed)
+                        args.seed, args.distill_weight if args.teacher else 0.0, args.distill_temperature)
     device = torch.device(args.device)
+    teacher = load_teacher(args.teacher, device) if args.teacher else None
     started = time.monotonic()
-    net, best = train(settings, train_set, val_set, device)
+    net, best = train(settings, train_set, val_set, device, teacher)
     temperature, figures = evaluate(net, val_set, args.size, device)
     args.out.mkdir(parents=True, exist_ok=True)
+    torch.save({"arch": args.arch, "size": args.size, "temperature": temperature, "state": net.state_dict()},
+               args.out / "checkpoint.pt")  # first, so that a failed export loses no training
     onnx_path = args.out / "model.onnx"
     export_onnx(net, temperature, args.size, onnx_path)
     card = {"command": " ".join(["python", "tools/train_emotion.py", *(sys.argv[1:] if argv is None else argv)]),
-            "settings": vars(settings), "best_epoch": best["epoch"], "figures": figures,
+            "settings": vars(settings), "teacher": str(args.teacher) if args.teacher else None, "best_epoch": best["epoch"], "figures": figures,
             "parameters": sum(p.numel() for p in net.parameters()),
             "data": {"file": args.data.name, "sha256": file_sha256(args.data), "split_seed": args.split_seed,
                      "val_fraction": args.val_fraction, "limit": args.limit},
@@ -408,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__, "device": str(device), "train_s": round(time.monotonic() - started, 1),
             "date": time.strftime("%Y-%m-%d")}
     (args.out / "model_card.json").write_text(json.dumps(card, indent=2) + "\n")
+    onnx.save(store_weights_fp16(onnx.load(str(onnx_path))), str(args.out / "model.fp16w.onnx"))  # what is committed
     log.info("validation %.2f %% (flip %.2f %%), T %.3f, ECE %.4f -> %.4f; %s", 100 * figures["val_acc"],
              100 * figures["val_acc_flip"], temperature, figures["ece_before"], figures["ece_after"], onnx_path)
     return 0

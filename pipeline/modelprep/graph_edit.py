@@ -5,7 +5,11 @@
 - `add_top_candidates`: a detector keeps only its K best-scoring anchors (TopK + gather), so what is copied back
   to the host per image is K rows instead of every anchor (at 640x352: 9,240 anchors, 591 KB of float32 per image,
   which limited the detector to ~2,500 images/s on the H200: see BENCHMARKS.md).
-Both edits are driven by the model's manifest, never by guessing from tensor shapes.
+- `restore_fp32_weights`: the project's own trained weights are committed stored in float16 behind Cast nodes
+  (tools/onnx_fp16_weights.py, to keep the repository small); they are folded back into float32 initializers first,
+  so every variant (fp32, fp16, int8: the quantizer only sees weights that are initializers) starts from a plain
+  float32 network.
+The first two edits are driven by the model's manifest, never by guessing from tensor shapes.
 """
 
 from __future__ import annotations
@@ -30,6 +34,29 @@ CANDIDATE_OPSET = 13
 
 class GraphEditError(ValueError):
     """The manifest's description does not fit the graph (a named output is missing, a size is off)."""
+
+
+def restore_fp32_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Fold every `Cast(to=FLOAT)` whose input is a float16 initializer into a float32 initializer of the Cast's
+    output name (what tools/onnx_fp16_weights.py wrote); a graph without such casts is returned unchanged."""
+    graph = model.graph
+    halves = {init.name: init for init in graph.initializer if init.data_type == TensorProto.FLOAT16}
+    folded = [node for node in graph.node if node.op_type == "Cast" and len(node.input) == 1
+              and node.input[0] in halves and helper.get_attribute_value(node.attribute[0]) == TensorProto.FLOAT]
+    if not folded:
+        return model
+    restored = [numpy_helper.from_array(numpy_helper.to_array(halves[node.input[0]]).astype(np.float32),
+                                        node.output[0]) for node in folded]
+    used = {node.input[0] for node in folded}
+    still_needed = {name for node in graph.node if node not in folded for name in node.input}
+    keep = [init for init in graph.initializer if init.name not in used or init.name in still_needed]
+    del graph.initializer[:]
+    graph.initializer.extend([*keep, *restored])
+    nodes = [node for node in graph.node if node not in folded]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    onnx.checker.check_model(model)
+    return model
 
 
 def add_uint8_preprocessing(model: onnx.ModelProto, raw: RawInputSpec, channels: int,

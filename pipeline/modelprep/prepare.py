@@ -30,6 +30,7 @@ from pipeline.modelprep.graph_edit import (
     add_top_candidates,
     add_uint8_preprocessing,
     candidate_node_names,
+    restore_fp32_weights,
 )
 from pipeline.modelprep.manifest import (
     MODELS_DIR,
@@ -139,7 +140,7 @@ def obtain_raw_model(manifest: ModelManifest) -> onnx.ModelProto:
     """The original network as ONNX, before preprocessing is added."""
     data = _RAW_BYTES[manifest.source.kind](manifest)
     if manifest.source.format != "keras_hdf5":
-        return onnx.load_from_string(data)
+        return restore_fp32_weights(onnx.load_from_string(data))
     from pipeline.modelprep.keras_convert import ConversionError, convert_keras_hdf5
 
     with tempfile.TemporaryDirectory() as tmp:
