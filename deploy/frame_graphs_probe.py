@@ -1,7 +1,8 @@
 """Probe of the frame graphs on the GPU (deploy/gpu-bench.sh frames-probe): where ONNX Runtime places their nodes,
 and what one batch costs on the device, with frames already in GPU memory (as NVDEC leaves them): per batch size
 (padded to the lane's buckets, `STEP` in the environment, default 2), the letterbox alone, and ONNX Runtime's CUDA
-graph capture (`enable_cuda_graph`) tried on both graphs (issue 11, item 4).
+graph capture (`enable_cuda_graph`) tried on both graphs (issue 11, item 4), and ONNX Runtime's per-node profile of
+the letterbox at 32 frames.
 
 Prints one JSON line per measurement. Run from the project root with onnxruntime-gpu, cuda-python and the prepared
 fp16 models:  python3 deploy/frame_graphs_probe.py .benchdata/video/group_1080p.mp4
@@ -105,6 +106,31 @@ def _letterbox_alone(fmt: FrameFormat, frames: DeviceBuffer, batch: int) -> dict
     binding.bind_output(LETTERBOX_OUTPUT, "cuda")
     return {"letterbox_alone": {"batch": batch,
                                 "ms": _timed(lambda: session.run_with_iobinding(binding))}}  # type: ignore[attr-defined]
+
+
+def _letterbox_profile(fmt: FrameFormat, frames: DeviceBuffer, batch: int, runs: int = 20) -> dict[str, object]:
+    """ONNX Runtime's own per-node profile of the letterbox graph on `batch` device frames: which op is the 5 of the
+    ~12 ms per 32 1080p frames (issue 11's next step: a cheaper letterbox). Microseconds per run, summed by node."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.enable_profiling = True
+    options.profile_file_prefix = "/tmp/letterbox_profile"
+    session = ort.InferenceSession(letterbox_graph(fmt, (640, 352)).SerializeToString(), options,
+                                   providers=["CUDAExecutionProvider"])
+    binding = session.io_binding()
+    binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [batch, fmt.height, fmt.width, 3], frames.ptr)
+    binding.bind_output(LETTERBOX_OUTPUT, "cuda")
+    for _ in range(runs + 1):
+        session.run_with_iobinding(binding)
+    events = json.loads(Path(session.end_profiling()).read_text())
+    per_node: dict[str, float] = {}
+    for event in events:
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+            key = f"{event['args'].get('op_name', '?')}:{event['name'][:-len('_kernel_time')]}"
+            per_node[key] = per_node.get(key, 0.0) + event["dur"] / (runs + 1)
+    top = sorted(per_node.items(), key=lambda item: -item[1])[:12]
+    return {"letterbox_profile": {"batch": batch, "us_per_run": {k: round(v, 1) for k, v in top},
+                                  "us_total": round(sum(per_node.values()), 1)}}
 
 
 def _classifier_cuda_graph(graph: bytes, fmt: FrameFormat, frames: DeviceBuffer, max_batch: int,
@@ -269,6 +295,7 @@ def main() -> None:
     stream.synchronize()
     for batch in (32, 64):
         print(json.dumps(_letterbox_alone(fmt, frames, batch)), flush=True)
+    print(json.dumps(_letterbox_profile(fmt, frames, 32)), flush=True)
     print(json.dumps(_detector_cuda_graph(graphs.detector(fmt))), flush=True)
     for faces in (64, 256):
         print(json.dumps(_classifier_cuda_graph(graphs.classifier(fmt), fmt, frames, 64, faces)), flush=True)
