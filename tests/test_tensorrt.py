@@ -139,7 +139,7 @@ def test_unknown_backend_is_a_backend_error_listing_the_names() -> None:
 
     manifest = load_manifest("mini_xception_fer2013")
     with pytest.raises(BackendError, match=r"unknown inference.backend 'openvino' \(available: onnxruntime, "
-                                           r"tensorrt\)"):
+                                           r"tensorrt, triton\)"):
         create_backend(ModelRuntime("openvino", "cpu", "fp32", 8), manifest, manifest.file_for("fp32"))
 
 

@@ -38,6 +38,18 @@ class TensorSpec:
     dtype: np.dtype
 
 
+@dataclass(frozen=True)
+class BackendHealth:
+    """Whether a backend can run batches now: an in-process one always can; a remote one (Triton) is down while
+    its server cannot be reached. `problem` says why, for /healthz; `reconnects` counts the times the backend
+    found its server again after losing it (a metric)."""
+
+    up: bool = True
+    problem: str | None = None
+    reconnects: int = 0
+    remote: bool = False
+
+
 class InferenceSettings(Protocol):
     """What `ModelRuntime.from_config` reads; the `inference:` section (InferenceConfig) is one."""
 
@@ -153,6 +165,10 @@ class Backend(ABC):
 
         Called by BatchedModel.warm_up on the thread that runs `lane`."""
 
+    def health(self) -> BackendHealth:
+        """Whether batches can run now (see BackendHealth); an in-process backend is always up."""
+        return BackendHealth()
+
     @abstractmethod
     def describe(self) -> dict[str, str]:
         """What runs where, for the status page: backend, device, precision, providers."""
@@ -164,7 +180,14 @@ class Backend(ABC):
 BACKENDS: Registry[type[Backend]] = Registry("inference.backend", {
     "onnxruntime": "pipeline.inference.onnxruntime",
     "tensorrt": "pipeline.inference.gpu.tensorrt",
+    "triton": "pipeline.inference.triton",
 })
+
+
+def runner_health(runner: object) -> BackendHealth:
+    """The health of whatever runs a BatchedModel's batches: a Backend's own, else (the frame graphs' engine, which
+    runs in-process) always up."""
+    return runner.health() if isinstance(runner, Backend) else BackendHealth()
 
 
 def backend_names() -> list[str]:

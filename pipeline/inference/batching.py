@@ -26,6 +26,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from pipeline.core.logrepeat import RepeatLimiter
+
 log = logging.getLogger(__name__)
 
 
@@ -86,6 +88,7 @@ class BatchedModel:
         self.max_delay_s = max_delay_ms / 1000.0
         self.lanes = lanes or backend.lanes
         self.stats = BatchStats()
+        self._failures = RepeatLimiter(log)  # a dead backend fails every batch: one line per 30 s, not per batch
         self._requests: queue.Queue[_Request] = queue.Queue(maxsize=queue_size)
         self._batches: queue.Queue[list[_Request] | Callable[[int], None] | None] = queue.Queue(maxsize=self.lanes)
         self._closing = threading.Event()
@@ -204,7 +207,8 @@ class BatchedModel:
         try:
             results = self.backend.run_items([r.item for r in batch], lane)
         except Exception as exc:  # noqa: BLE001 - any backend failure belongs to the callers' futures
-            log.error("%s: batch of %d failed: %s", self.name, len(batch), exc)
+            self._failures.log(logging.ERROR, type(exc).__name__, "%s: batch of %d failed: %s", self.name,
+                               len(batch), exc)
             with self._lock:
                 self.stats.failed += len(batch)
             for request in batch:

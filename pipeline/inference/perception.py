@@ -16,7 +16,12 @@ from typing import Protocol
 import numpy as np
 
 from pipeline.core.types import Detection, EmotionScores, FrameImage
-from pipeline.inference.backend import ModelRuntime, create_backend
+from pipeline.inference.backend import (
+    BackendError,
+    ModelRuntime,
+    create_backend,
+    runner_health,
+)
 from pipeline.inference.batching import BatchedModel
 from pipeline.inference.classifier import EmotionClassifier
 from pipeline.inference.detector import FaceDetector
@@ -122,8 +127,16 @@ class Perception:
         w, h = self.classifier.size
         channels = self.classifier.channels
         self.classifier.model.warm_up((h, w, channels), np.dtype(np.uint8))
-        self.detector.detect(np.zeros((height, width, 3), np.uint8), RESULT_TIMEOUT_S)
-        self.classifier.classify([self.classifier.crop_from_still(np.zeros((h, w, 3), np.uint8))], RESULT_TIMEOUT_S)
+        try:
+            self.detector.detect(np.zeros((height, width, 3), np.uint8), RESULT_TIMEOUT_S)
+            self.classifier.classify([self.classifier.crop_from_still(np.zeros((h, w, 3), np.uint8))],
+                                     RESULT_TIMEOUT_S)
+        except BackendError as exc:
+            # A remote server (backend triton) that is down must not stop the daemon from starting: its cameras
+            # run, their batches fail until it answers, and /healthz says so. An in-process failure is real.
+            if all(runner_health(model.backend).up for _, model in self.models()):
+                raise
+            log.warning("warm-up skipped, a model server is unreachable: %s", exc)
 
     def close(self) -> None:
         self.detector.model.close()

@@ -7,9 +7,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import (
+    Discriminator,
+    Field,
+    SecretStr,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
-from pipeline.core.settings import ConfigValueError, StrictModel
+from pipeline.core.settings import MISSING, ConfigValueError, StrictModel
 from pipeline.inference.gpu.tensorrt import TensorRTSettings
 from pipeline.vision.retinaface import auto_input_size
 
@@ -110,11 +117,70 @@ class EmotionConfig(StrictModel):
                                          "on 2 CPU cores); more right answers on faces/wild (12 fixed, 4 broken).")
 
 
+class TritonModelRef(StrictModel):
+    """Which model of the Triton server serves one of our models."""
+
+    name: str = Field(..., min_length=1, description="The model's name in the Triton repository (its folder).")
+    version: str = Field("", pattern=r"^[0-9]*$", description="Model version to use; empty = the server's "
+                                                              "version policy (the latest loaded).")
+
+
+class TritonSettings(StrictModel):
+    """`inference.triton`: the Triton Inference Server (KServe v2 over gRPC) that runs the models (backend triton)."""
+
+    url: str | None = Field(None, description="gRPC address of the server, host:port (e.g. triton.local:8001; "
+                                              "grpc:// is accepted and dropped). Required with backend triton.")
+    models: dict[str, TritonModelRef] = Field(
+        default_factory=dict, description="Our model name (detector.model, emotion.model) → the Triton model that "
+        "serves it ({name, version}). A model left out is served under its own name, the latest version: what "
+        "`prepare-models --triton-repo` writes.")
+    timeout_ms: float = Field(2000.0, gt=0, le=600_000, description="Longest wait for one batch's answer, in "
+                                                                     "milliseconds; past it the batch fails.")
+    token: SecretStr | None = Field(None, description="Sent as `authorization: Bearer TOKEN` with every request "
+                                                      "(a gateway in front of Triton); never shown or logged. Use "
+                                                      "${VAR} to keep it out of the file.")
+    tls: bool = Field(False, description="Connect with TLS, verifying the server's certificate.")
+    ca_file: str | None = Field(None, description="With tls: CA bundle (PEM) that signed the server's "
+                                                  "certificate; left out = the system's CAs.")
+    reconnect_min_s: float = Field(0.5, gt=0, le=600, description="First wait before checking an unreachable "
+                                                                  "server again; doubles after each failure.")
+    reconnect_max_s: float = Field(15.0, gt=0, le=3600, description="Longest wait between two checks of an "
+                                                                    "unreachable server.")
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str | None) -> str | None:
+        """host:port, the form gRPC dials; an http:// address is the HTTP port, a mistake worth naming."""
+        if value is None or value == "":
+            return None
+        address = value.removeprefix("grpc://")
+        host, _, port = address.rpartition(":")
+        if "://" in address or "/" in address or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("must be host:port of Triton's gRPC endpoint (8001 by default), e.g. 127.0.0.1:8001")
+        return address
+
+    @field_validator("token", mode="before")
+    @classmethod
+    def _empty_token_is_none(cls, value: object) -> object:
+        """`${TRITON_TOKEN:-}` with the variable unset means no token."""
+        return None if value == "" else value
+
+    def model_ref(self, model: str) -> TritonModelRef:
+        """The Triton model serving our model `model` (its own name, latest version, when not mapped)."""
+        return self.models.get(model) or TritonModelRef(name=model)
+
+    def describe(self) -> str:
+        """One line for check-config and logs; the token is never shown."""
+        auth = ", token ***" if self.token is not None else ""
+        return f"triton {'grpcs' if self.tls else 'grpc'}://{self.url}{auth}, timeout {self.timeout_ms:g} ms"
+
+
 class InferenceConfig(StrictModel):
     """Where and how the models run, and how requests from all cameras are batched."""
 
-    backend: Literal["onnxruntime", "tensorrt"] = Field("onnxruntime", description="Inference library: "
-                                                        "onnxruntime, or tensorrt engines built by build-engine.")
+    backend: Literal["onnxruntime", "tensorrt", "triton"] = Field(
+        "onnxruntime", description="Inference library: onnxruntime, tensorrt engines built by build-engine, or "
+        "triton: each batch sent to a Triton Inference Server (inference.triton).")
     device: Literal["cpu", "cuda", "tensorrt"] = Field("cpu", description="onnxruntime execution provider: cpu, "
                                                        "cuda, or tensorrt (ORT's TensorRT provider).")
     precision: Literal["fp32", "fp16", "int8"] = Field("fp32", description="Numeric precision of the models.")
@@ -143,6 +209,8 @@ class InferenceConfig(StrictModel):
     tensorrt: TensorRTSettings = Field(default_factory=TensorRTSettings, description="backend tensorrt only: how "
                                        "its engines are obtained (built at start when missing, or refused with the "
                                        "build-engine command).")
+    triton: TritonSettings = Field(default_factory=TritonSettings, description="backend triton only: the server, "
+                                   "the model names it serves ours under, timeout, token and TLS.")
 
     @property
     def graph_frames(self) -> bool:
@@ -150,6 +218,20 @@ class InferenceConfig(StrictModel):
         if self.frame_path == "auto":
             return self.backend == "onnxruntime" and self.device == "cuda"
         return self.frame_path == "graph"
+
+    @model_validator(mode="after")
+    def _triton_needs_url(self) -> InferenceConfig:
+        """The server's address cannot be guessed; a frame graph runs in-process, so it cannot go to Triton."""
+        if self.backend != "triton":
+            return self
+        if self.triton.url is None:
+            raise ConfigValueError("backend triton needs the server's gRPC address: set inference.triton.url "
+                                   "(host:port, e.g. 127.0.0.1:8001)", key="triton", value=MISSING)
+        if self.frame_path == "graph":
+            raise ConfigValueError("frame_path graph is not supported with backend triton (the frame graphs run "
+                                   "in-process): set frame_path opencv or auto", key="frame_path",
+                                   value=self.frame_path)
+        return self
 
     @model_validator(mode="after")
     def _frame_graphs_need_onnxruntime(self) -> InferenceConfig:

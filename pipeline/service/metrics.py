@@ -189,10 +189,17 @@ class _LiveCollector(Collector):
                                            "batch.", labels=labels),
             "compute_s": CounterMetricFamily(f"{PREFIX}_model_compute_seconds", "Total backend time.", labels=labels),
         }
+        up = GaugeMetricFamily(f"{PREFIX}_backend_up", "1 while the model's backend can run batches; 0 while a "
+                               "remote one (a Triton server) cannot be reached.", labels=labels)
+        reconnects = CounterMetricFamily(f"{PREFIX}_backend_reconnects", "Times a remote backend found its "
+                                         "server again after losing it.", labels=labels)
         for model in snap.models:
             for key, family in counters.items():
                 family.add_metric([model.name], float(getattr(model.stats, key)))
+            up.add_metric([model.name], 1.0 if model.health.up else 0.0)
+            reconnects.add_metric([model.name], model.health.reconnects)
         yield from counters.values()
+        yield from (up, reconnects)
 
     @staticmethod
     def _outputs(snap: DaemonSnapshot) -> Iterator[Metric]:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pipeline.inference.backend import BackendHealth, runner_health
 from pipeline.outputs.base import Delivery
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ class ModelView:
     lanes: int
     alive: bool
     stats: BatchStats
+    health: BackendHealth = BackendHealth()  # a remote backend (Triton) is down while its server is unreachable
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,8 @@ def model_view(role: str, model: BatchedModel) -> ModelView:
         log.debug("%s: describe() failed: %s", model.name, exc)
         described = {}
     return ModelView(role=role, name=model.name, described=described, backend_name=getattr(backend, "name", None),
-                     max_batch=model.max_batch, lanes=model.lanes, alive=model.is_alive(), stats=model.stats)
+                     max_batch=model.max_batch, lanes=model.lanes, alive=model.is_alive(), stats=model.stats,
+                     health=runner_health(backend))
 
 
 def now_or(snapshot: DaemonSnapshot, now: float | None) -> float:

@@ -44,6 +44,7 @@ class HealthReport:
     cameras: dict[str, str] = field(default_factory=dict)
     stages: dict[str, str] = field(default_factory=dict)
     outputs: dict[str, str] = field(default_factory=dict)
+    backends: dict[str, str] = field(default_factory=dict)  # remote backends only (triton), by model name
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -52,7 +53,7 @@ class HealthReport:
 
     def as_dict(self, uptime_s: float) -> dict[str, Any]:
         return {"status": self.status, "uptime_s": round(uptime_s, 1), "problems": self.problems,
-                "cameras": self.cameras, "stages": self.stages, "outputs": self.outputs}
+                "cameras": self.cameras, "stages": self.stages, "outputs": self.outputs, "backends": self.backends}
 
 
 def camera_problem(cam: CameraView, now: float) -> str | None:
@@ -81,6 +82,15 @@ def output_problem(out: OutputView, now: float) -> str | None:
         return None
     return (f"output {out.label}: {delivery.failures_in_row} event(s) in a row not delivered "
             f"(failing for {failing_for:.0f} s): {delivery.last_error}")
+
+
+def backend_problem(model: ModelView) -> str | None:
+    """Why this model's batches cannot run now (a Triton server that cannot be reached), or None. The outside
+    world's trouble, like a camera's: /healthz fails naming it, the watchdog is still fed, the backend retries."""
+    health = model.health
+    if health.up:
+        return None
+    return f"model {model.name}: {health.problem or 'backend down'}"
 
 
 def _camera_stage_problems(cam: CameraView, now: float) -> dict[str, str]:
@@ -131,6 +141,12 @@ def check_health(snapshot: DaemonSnapshot, now: float | None = None) -> HealthRe
     stages = stage_problems(snapshot, now)
     for stage, reason in stages.items():
         report.problems.append(f"{stage}: {reason}")
+    for model in snapshot.models:
+        problem = backend_problem(model)
+        if model.health.remote:
+            report.backends[model.name] = "ok" if problem is None else "failing"
+        if problem:
+            report.problems.append(problem)
     for out in snapshot.outputs:
         problem = output_problem(out, now)
         dead = snapshot.started and not out.alive  # named among the stage problems above
@@ -172,6 +188,7 @@ def _model_status(model: ModelView, cfg: Any) -> dict[str, Any]:
         "mean_queue_ms": round(stats.queue_s * 1000.0 / max(1, stats.items), 2),
         "mean_compute_ms": round(stats.compute_s * 1000.0 / batches, 2),
         "providers": described.get("providers"),
+        "backend_up": model.health.up, "backend_problem": model.health.problem,
     }
 
 

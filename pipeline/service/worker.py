@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from pipeline.capture.stats import RateMeter
 from pipeline.capture.thread import CaptureThread
+from pipeline.core.logrepeat import RepeatLimiter
 from pipeline.core.types import Detection, EmotionScores, FaceResult, Frame, Observation
 from pipeline.inference.batching import ModelClosedError, QueueFullError
 from pipeline.inference.perception import Analyzer
@@ -42,6 +43,7 @@ class CameraWorker(threading.Thread):
         self.tracker = tracker
         self.publish = publish
         self.stats = WorkerStats()
+        self._failures = RepeatLimiter(log)  # every frame fails alike while a backend is down
         self._stop_event = stop
 
     def run(self) -> None:
@@ -66,7 +68,8 @@ class CameraWorker(threading.Thread):
             return
         except Exception as exc:  # noqa: BLE001 - one bad frame must not end the camera
             self.stats.errors += 1
-            log.warning("camera %s frame %d: analysis failed: %s", frame.camera, frame.index, exc)
+            self._failures.log(logging.WARNING, type(exc).__name__, "camera %s frame %d: analysis failed: %s",
+                               frame.camera, frame.index, exc)
             return
         self.publish(self.observe(frame, faces, scores, timings))
 

@@ -92,12 +92,35 @@ def cmd_prepare_models(args: argparse.Namespace) -> int:
     bad = [p for p in precisions if p not in ("fp32", "fp16", "int8")]
     if bad:
         raise UsageError(f"--precision: unknown {', '.join(bad)} (choose from fp32, fp16, int8)")
+    if args.triton_repo is not None and len(precisions) != 1:
+        raise UsageError("--triton-repo: give one --precision (the repository serves each model in one precision)")
     cfg = _load(args.config)
     names = args.model or [cfg.detector.model, cfg.emotion.model]
     for name in names:
         for path in prepare_model(load_manifest(name), precisions, args.calib, force=args.force):  # type: ignore[arg-type]
             print(path)
+    if args.triton_repo is not None:
+        _write_triton_repo(args.triton_repo, names, precisions[0], cfg.inference.max_batch)
     return EXIT_OK
+
+
+def _write_triton_repo(repo: Path, names: Sequence[str], precision: str, max_batch: int) -> None:
+    """`--triton-repo DIR`: the prepared models as a Triton model repository, each under its own name (what the
+    `triton` backend asks for unless inference.triton.models maps it), in the precision each actually runs in."""
+    from pipeline.modelprep.manifest import load_manifest
+    from pipeline.modelprep.prepare import ensure_model
+    from pipeline.modelprep.triton_repo import TritonRepoError, write_triton_repository
+
+    models = []
+    for name in names:
+        manifest = load_manifest(name)
+        models.append((name, ensure_model(manifest, manifest.effective_precision(precision))))  # type: ignore[arg-type]
+    try:
+        folders = write_triton_repository(repo, models, max_batch)
+    except (TritonRepoError, OSError) as exc:
+        raise ModelError(f"--triton-repo {repo}: {exc}") from exc
+    for folder in folders:
+        print(folder / "config.pbtxt")
 
 
 def cmd_build_engine(args: argparse.Namespace) -> int:
@@ -186,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--config", type=Path, default=DEFAULT_CONFIG, metavar="PATH",
                       help="YAML config naming the detector and emotion models (default: config/default.yaml)")
     prep.add_argument("--force", action="store_true", help="rebuild even if valid files exist")
+    prep.add_argument("--triton-repo", type=Path, default=None, metavar="DIR",
+                      help="also write a Triton model repository into DIR (config.pbtxt for the onnxruntime_onnx "
+                           "platform and 1/model.onnx per model, max_batch_size from inference.max_batch)")
 
     engine = sub.add_parser("build-engine", parents=[common],
                             help="build TensorRT engines into engines/ (needs TensorRT, cuda-python and a GPU)")

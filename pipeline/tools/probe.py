@@ -266,8 +266,11 @@ def _load_model(role: str, manifest: ModelManifest, path: Path, precision: str, 
         return Finding(key, str(exc)), False
     try:
         described = dict(backend.describe())
+        health = backend.health()
     finally:
         backend.close()
+    if not health.up:  # a remote backend (triton) whose server does not answer: the daemon would start degraded
+        return Finding("inference.triton.url", f"{manifest.name}: {health.problem}"), False
     wanted = PROVIDERS.get(inference.device) if inference.backend == "onnxruntime" else None
     providers = described.get("providers", "")
     if wanted and wanted not in providers.split(","):
