@@ -239,3 +239,22 @@ def test_fleet_example_uses_triton() -> None:
     config = load_config(example, env={"MQTT_PASSWORD": "pw", "KIOSK_SITE": "k1", "TRITON_TOKEN": "tok-9f2e"})
     assert config.inference.backend == "triton" and config.inference.triton.url == "triton.store.lan:8001"
     assert "tok-9f2e" not in summarize(config) and "token ***" in summarize(config)
+
+
+@pytest.mark.slow
+def test_bench_pipeline_reports_tritons_batching(triton: TritonServer, tmp_path: Path) -> None:
+    """`bench pipeline --backend triton`: the cameras' frames go through the server, and the figures include the
+    server's own counters over the measured window (items per model execution: its dynamic batcher at work)."""
+    video = data_path("video", "woman_short.mp4")
+    out = tmp_path / "bench.json"
+    done = run_cli("bench", "pipeline", "--video", str(video), "--cameras", "2", "--fps", "10", "--duration", "3",
+                   "--mode", "batched", "--backend", "triton", "--triton-url", triton.url, "--log-level", "warning",
+                   "--json", str(out), timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = json.loads(out.read_text())["results"][0]
+    assert run["backend"] == "triton" and run["analysed_per_s"] > 0
+    for model in (DETECTOR, EMOTION):
+        window = run["triton"][model]
+        assert window["items"] > 0 and window["executions"] > 0, window
+        assert window["items_per_execution"] >= 1.0
+    assert f"Triton {DETECTOR}:" in done.stdout

@@ -59,6 +59,11 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frame-path", choices=["auto", "opencv", "graph"], default="auto",
                         help="inference.frame_path: letterbox, NMS and crops in OpenCV on the host, or in the frame "
                              "graphs (auto: graph on cuda)")
+    parser.add_argument("--backend", choices=["onnxruntime", "triton"], default=None,
+                        help="inference.backend (default: the config's); triton also needs --triton-url or the "
+                             "config's inference.triton")
+    parser.add_argument("--triton-url", default=None, metavar="HOST:PORT",
+                        help="backend triton: the server's gRPC address (overrides inference.triton.url)")
     parser.add_argument("--config", type=Path, default=Path(__file__).resolve().parents[2] / "config/default.yaml",
                         metavar="PATH", help="YAML config for the models and the settings not given here (default: "
                              "config/default.yaml; its cameras are replaced by --cameras copies of --video)")
@@ -81,7 +86,9 @@ def _config(args: argparse.Namespace, naive: bool) -> AppConfig:
     inference = base.inference.model_copy(update={
         "device": args.device, "precision": args.precision,
         "max_batch": 1 if naive else args.max_batch, "max_delay_ms": 0.0 if naive else args.max_delay_ms,
-        "lanes": 1 if naive else args.lanes, "batch_step": args.batch_step, "frame_path": args.frame_path})
+        "lanes": 1 if naive else args.lanes, "batch_step": args.batch_step, "frame_path": args.frame_path,
+        "backend": args.backend or base.inference.backend,
+        "triton": base.inference.triton.model_copy(update={"url": args.triton_url or base.inference.triton.url})})
     detector = type(base.detector).model_validate(base.detector.model_dump() | {
         "input_size": _detector_input(args.detector_input)})
     return base.model_copy(update={"cameras": cameras, "inference": inference, "detector": detector})
@@ -144,8 +151,38 @@ def _rss_mb() -> tuple[float, float]:
     return float(fields["VmRSS"].split()[0]) / 1024, float(fields["VmHWM"].split()[0]) / 1024
 
 
+class _TritonWindow:
+    """Triton's own batcher counters over the measured window (backend triton only): items ÷ model executions on
+    the server shows how far its dynamic batcher merged what the daemon sent."""
+
+    def __init__(self, cfg: AppConfig) -> None:
+        self._models = [cfg.detector.model, cfg.emotion.model] if cfg.inference.backend == "triton" else []
+        self._settings = cfg.inference.triton
+        self._start: dict[str, dict[str, int]] = {}
+
+    def _read(self) -> dict[str, dict[str, int]]:
+        if not self._models:
+            return {}
+        from pipeline.inference.triton import batcher_statistics
+
+        return batcher_statistics(self._settings, self._models)
+
+    def open(self) -> None:
+        self._start = self._read()
+
+    def close(self) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for model, end in self._read().items():
+            start = self._start.get(model, {"inference_count": 0, "execution_count": 0})
+            items = end["inference_count"] - start["inference_count"]
+            runs = end["execution_count"] - start["execution_count"]
+            out[model] = {"items": items, "executions": runs, "items_per_execution": round(items / max(runs, 1), 2)}
+        return out
+
+
 def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
     cfg = _config(args, naive)
+    triton = _TritonWindow(cfg)
     shared = None if naive else load_perception(cfg)
     perceptions = [load_perception(cfg) for _ in cfg.cameras] if naive else [shared] * len(cfg.cameras)
     unique = list({id(p): p for p in perceptions}.values())
@@ -169,6 +206,7 @@ def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
     frames_in0 = sum(c.frames_in.total for c in captures)
     analysed0 = sum(w.stats.analysed.total for w in workers)
     usage0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+    triton.open()
     recorder.recording = True
     sampler = GpuSampler()
     sampler.start()
@@ -176,6 +214,7 @@ def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
     recorder.recording = False
     wall = time.monotonic() - t0
     utilisation = sampler.finish()
+    triton_window = triton.close()
     usage1 = resource.getrusage(resource.RUSAGE_SELF)
     frames_in = sum(c.frames_in.total for c in captures) - frames_in0
     analysed = sum(w.stats.analysed.total for w in workers) - analysed0
@@ -192,7 +231,8 @@ def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
                                       "decode_threads": args.decode_threads, "decode": args.decode,
                                       "frame_path": "graph" if cfg.inference.graph_frames else "opencv",
                                       "decoder": _decoder_kind(captures), "gpu_utilisation": utilisation,
-                                      "capture_nice": args.capture_nice}
+                                      "capture_nice": args.capture_nice, "backend": cfg.inference.backend,
+                                      "triton": triton_window}
 
 
 def _decoder_kind(captures: list[CaptureThread]) -> str:
@@ -282,5 +322,9 @@ def print_pipeline_table(result: dict[str, Any]) -> None:
             u = r["gpu_utilisation"]
             print(f"{r['mode']}: GPU busy {u['gpu_busy_pct']} %, NVDEC busy {u['nvdec_busy_pct']} % "
                   f"({u['samples']} nvidia-smi samples)")
+    for r in result["results"]:
+        for model, t in (r.get("triton") or {}).items():
+            print(f"{r['mode']}: Triton {model}: {t['items']} items in {t['executions']} executions "
+                  f"({t['items_per_execution']} per execution)")
     if "ratio_analysed_batched_over_naive" in result:
         print(f"batched / naive analysed frames per second: {result['ratio_analysed_batched_over_naive']}x")

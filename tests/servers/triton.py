@@ -205,3 +205,36 @@ class TritonServer:
     def close(self) -> None:
         self.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve the prepared models on loopback until interrupted, for `bench pipeline --backend triton` on a machine
+    without a production Triton:  python -m tests.servers.triton [--precision fp32] [--max-batch 32]"""
+    import argparse
+    import time
+
+    from pipeline.modelprep.manifest import MODELS_DIR
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--models", default="retinaface_mnet025,mini_xception_fer2013", help="prepared model names")
+    parser.add_argument("--precision", default="fp32", help="which prepared variant to serve (fp32)")
+    parser.add_argument("--max-batch", type=int, default=32, help="max_batch_size of each model (32)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    repo = Path(tempfile.mkdtemp(prefix="triton-repo-"))
+    models = [(name, MODELS_DIR / f"{name}.{args.precision}.onnx") for name in args.models.split(",")]
+    write_test_repository(repo, models, args.max_batch)
+    with TritonServer(repo) as server:
+        log.info("Triton serving %s on %s (gRPC); Ctrl-C stops it", args.models, server.url)
+        print(server.url, flush=True)
+        try:
+            while server.proc is not None and server.proc.poll() is None:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+    shutil.rmtree(repo, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
