@@ -209,6 +209,21 @@ def test_prepare_models_writes_a_triton_repository(prepared_models: None, tmp_pa
     assert list(emotion.input[0].dims) == [64, 64, 1] and list(emotion.output[0].dims) == [7]
     assert model_config_pb2.DataType.Name(emotion.input[0].data_type) == "TYPE_UINT8"
     assert model_config_pb2.DataType.Name(emotion.output[0].data_type) == "TYPE_FP32"
+    assert emotion.dynamic_batching.max_queue_delay_microseconds == 0  # merge what is queued, hold nothing back
+
+
+def test_triton_repository_with_a_queue_delay(prepared_models: None, tmp_path: Path) -> None:
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    repo = tmp_path / "repo"
+    done = run_cli("prepare-models", "--triton-repo", str(repo), "--triton-queue-delay-us", "500")
+    assert done.returncode == 0, done.stderr[-2000:]
+    for name in (DETECTOR, EMOTION):
+        config = text_format.Parse((repo / name / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+        assert config.dynamic_batching.max_queue_delay_microseconds == 500
+    refused = run_cli("prepare-models", "--triton-repo", str(repo), "--triton-queue-delay-us", "-1")
+    assert refused.returncode == 2 and "--triton-queue-delay-us" in refused.stderr and "Traceback" not in refused.stderr
 
 
 def test_triton_settings_rules(tmp_path: Path) -> None:
@@ -256,5 +271,6 @@ def test_bench_pipeline_reports_tritons_batching(triton: TritonServer, tmp_path:
     for model in (DETECTOR, EMOTION):
         window = run["triton"][model]
         assert window["items"] > 0 and window["executions"] > 0, window
-        assert window["items_per_execution"] >= 1.0
-    assert f"Triton {DETECTOR}:" in done.stdout
+        assert window["items_per_execution"] >= 1.0 and window["requests"] > 0
+        assert window["items"] >= window["requests"] >= window["executions"]  # batches of frames, merged requests
+    assert f"Triton {DETECTOR} (all its clients):" in done.stdout

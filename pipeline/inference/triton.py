@@ -263,9 +263,9 @@ PLUGIN = Plugin("triton", TritonSettings, TritonBackend)
 
 
 def batcher_statistics(settings: TritonSettings, models: list[str]) -> dict[str, dict[str, int]]:
-    """Per our model name, Triton's cumulative `inference_count` (requests' items) and `execution_count` (model runs)
-    for the model serving it: their ratio over a window shows how much Triton's dynamic batcher merged (bench
-    pipeline reports it). Empty for a model the server cannot report on."""
+    """Per our model name, Triton's cumulative `inference_count` (items), `request_count` (successful requests) and
+    `execution_count` (model runs) for the model serving it: requests per execution over a window is how much
+    Triton's dynamic batcher merged (bench pipeline reports it). Empty for a model the server cannot report on."""
     grpc = _client_module()
     client = grpc.InferenceServerClient(settings.url, ssl=settings.tls)
     headers = ({"authorization": f"Bearer {settings.token.get_secret_value()}"} if settings.token is not None
@@ -281,7 +281,9 @@ def batcher_statistics(settings: TritonSettings, models: list[str]) -> dict[str,
                 continue
             rows = stats.get("model_stats", [])
             out[model] = {"inference_count": sum(int(r.get("inference_count", 0)) for r in rows),
-                          "execution_count": sum(int(r.get("execution_count", 0)) for r in rows)}
+                          "execution_count": sum(int(r.get("execution_count", 0)) for r in rows),
+                          "request_count": sum(int(r.get("inference_stats", {}).get("success", {}).get("count", 0))
+                                               for r in rows)}
     finally:
         client.close()
     return out

@@ -103,34 +103,41 @@ def _tensor_block(tensors: Sequence[TritonTensor]) -> str:
 
 
 def model_config_text(name: str, signature: OnnxSignature, max_batch: int, *, backend: str | None = None,
-                      instances: int = 1, kind: str = "KIND_AUTO") -> str:
+                      instances: int = 1, kind: str = "KIND_AUTO", queue_delay_us: int = 0) -> str:
     """config.pbtxt for one model: platform onnxruntime_onnx (or `backend`, e.g. "python" for the tests), Triton's
     dynamic batcher on (it merges requests of many daemons), `instances` copies of kind `kind` (KIND_AUTO: on a
-    GPU where the server has one)."""
+    GPU where the server has one). `queue_delay_us` > 0 lets the batcher wait that long for more requests to merge
+    (Triton's max_queue_delay_microseconds): without it, only requests already queued while the model runs merge."""
     if kind not in INSTANCE_KINDS:
         raise TritonRepoError(f"instance kind {kind} is not one of {', '.join(INSTANCE_KINDS)}")
+    if queue_delay_us < 0:
+        raise TritonRepoError(f"queue delay {queue_delay_us} us is negative")
     runtime = f'backend: "{backend}"' if backend else 'platform: "onnxruntime_onnx"'
+    batcher = (f"dynamic_batching {{\n  max_queue_delay_microseconds: {int(queue_delay_us)}\n}}\n" if queue_delay_us
+               else "dynamic_batching { }\n")
     return (f'name: "{name}"\n{runtime}\nmax_batch_size: {int(max_batch)}\n'
-            f"dynamic_batching {{ }}\n"
+            f"{batcher}"
             f"instance_group [\n  {{\n    count: {int(instances)}\n    kind: {kind}\n  }}\n]\n"
             f"input {_tensor_block(signature.inputs)}\noutput {_tensor_block(signature.outputs)}\n")
 
 
 def write_triton_model(repo: Path, name: str, onnx_path: Path, max_batch: int, *, backend: str | None = None,
-                       instances: int = 1, kind: str = "KIND_AUTO") -> Path:
+                       instances: int = 1, kind: str = "KIND_AUTO", queue_delay_us: int = 0) -> Path:
     """DIR/<name>/config.pbtxt and DIR/<name>/1/model.onnx (a copy of `onnx_path`); returns the model's folder."""
     signature = onnx_signature(onnx_path)
     folder = repo / name
     (folder / VERSION).mkdir(parents=True, exist_ok=True)
     shutil.copyfile(onnx_path, folder / VERSION / MODEL_FILE)
-    text = model_config_text(name, signature, max_batch, backend=backend, instances=instances, kind=kind)
+    text = model_config_text(name, signature, max_batch, backend=backend, instances=instances, kind=kind,
+                             queue_delay_us=queue_delay_us)
     (folder / "config.pbtxt").write_text(text, encoding="utf-8")
     log.info("triton repository: %s (max_batch_size %d)", folder, max_batch)
     return folder
 
 
 def write_triton_repository(repo: Path, models: Sequence[tuple[str, Path]], max_batch: int,
-                            instances: int = 1, kind: str = "KIND_AUTO") -> list[Path]:
+                            instances: int = 1, kind: str = "KIND_AUTO", queue_delay_us: int = 0) -> list[Path]:
     """A repository for a production Triton (onnxruntime backend): one folder per (model name, prepared ONNX)."""
     repo.mkdir(parents=True, exist_ok=True)
-    return [write_triton_model(repo, name, path, max_batch, instances=instances, kind=kind) for name, path in models]
+    return [write_triton_model(repo, name, path, max_batch, instances=instances, kind=kind,
+                               queue_delay_us=queue_delay_us) for name, path in models]

@@ -173,10 +173,13 @@ class _TritonWindow:
     def close(self) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
         for model, end in self._read().items():
-            start = self._start.get(model, {"inference_count": 0, "execution_count": 0})
+            start = self._start.get(model, {"inference_count": 0, "execution_count": 0, "request_count": 0})
             items = end["inference_count"] - start["inference_count"]
             runs = end["execution_count"] - start["execution_count"]
-            out[model] = {"items": items, "executions": runs, "items_per_execution": round(items / max(runs, 1), 2)}
+            requests = end["request_count"] - start["request_count"]
+            out[model] = {"items": items, "requests": requests, "executions": runs,
+                          "items_per_execution": round(items / max(runs, 1), 2),
+                          "requests_per_execution": round(requests / max(runs, 1), 2)}
         return out
 
 
@@ -324,7 +327,8 @@ def print_pipeline_table(result: dict[str, Any]) -> None:
                   f"({u['samples']} nvidia-smi samples)")
     for r in result["results"]:
         for model, t in (r.get("triton") or {}).items():
-            print(f"{r['mode']}: Triton {model}: {t['items']} items in {t['executions']} executions "
-                  f"({t['items_per_execution']} per execution)")
+            print(f"{r['mode']}: Triton {model} (all its clients): {t['items']} items in {t['requests']} requests "
+                  f"in {t['executions']} executions ({t['items_per_execution']} items, "
+                  f"{t['requests_per_execution']} requests per execution)")
     if "ratio_analysed_batched_over_naive" in result:
         print(f"batched / naive analysed frames per second: {result['ratio_analysed_batched_over_naive']}x")

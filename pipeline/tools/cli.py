@@ -92,6 +92,8 @@ def cmd_prepare_models(args: argparse.Namespace) -> int:
     bad = [p for p in precisions if p not in ("fp32", "fp16", "int8")]
     if bad:
         raise UsageError(f"--precision: unknown {', '.join(bad)} (choose from fp32, fp16, int8)")
+    if args.triton_queue_delay_us < 0:
+        raise UsageError(f"--triton-queue-delay-us: {args.triton_queue_delay_us} is negative")
     if args.triton_repo is not None and len(precisions) != 1:
         raise UsageError("--triton-repo: give one --precision (the repository serves each model in one precision)")
     cfg = _load(args.config)
@@ -100,11 +102,13 @@ def cmd_prepare_models(args: argparse.Namespace) -> int:
         for path in prepare_model(load_manifest(name), precisions, args.calib, force=args.force):  # type: ignore[arg-type]
             print(path)
     if args.triton_repo is not None:
-        _write_triton_repo(args.triton_repo, names, precisions[0], cfg.inference.max_batch)
+        _write_triton_repo(args.triton_repo, names, precisions[0], cfg.inference.max_batch,
+                           args.triton_queue_delay_us)
     return EXIT_OK
 
 
-def _write_triton_repo(repo: Path, names: Sequence[str], precision: str, max_batch: int) -> None:
+def _write_triton_repo(repo: Path, names: Sequence[str], precision: str, max_batch: int,
+                       queue_delay_us: int = 0) -> None:
     """`--triton-repo DIR`: the prepared models as a Triton model repository, each under its own name (what the
     `triton` backend asks for unless inference.triton.models maps it), in the precision each actually runs in."""
     from pipeline.modelprep.manifest import load_manifest
@@ -116,7 +120,7 @@ def _write_triton_repo(repo: Path, names: Sequence[str], precision: str, max_bat
         manifest = load_manifest(name)
         models.append((name, ensure_model(manifest, manifest.effective_precision(precision))))  # type: ignore[arg-type]
     try:
-        folders = write_triton_repository(repo, models, max_batch)
+        folders = write_triton_repository(repo, models, max_batch, queue_delay_us=queue_delay_us)
     except (TritonRepoError, OSError) as exc:
         raise ModelError(f"--triton-repo {repo}: {exc}") from exc
     for folder in folders:
@@ -212,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--triton-repo", type=Path, default=None, metavar="DIR",
                       help="also write a Triton model repository into DIR (config.pbtxt for the onnxruntime_onnx "
                            "platform and 1/model.onnx per model, max_batch_size from inference.max_batch)")
+    prep.add_argument("--triton-queue-delay-us", type=int, default=0, metavar="US",
+                      help="with --triton-repo: how long Triton's dynamic batcher may hold a request to merge it with "
+                           "other daemons' (max_queue_delay_microseconds; default 0: merge only what is queued)")
 
     engine = sub.add_parser("build-engine", parents=[common],
                             help="build TensorRT engines into engines/ (needs TensorRT, cuda-python and a GPU)")

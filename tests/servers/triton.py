@@ -100,10 +100,12 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def write_test_repository(repo: Path, models: Sequence[tuple[str, Path]], max_batch: int = 32) -> Path:
+def write_test_repository(repo: Path, models: Sequence[tuple[str, Path]], max_batch: int = 32,
+                          queue_delay_us: int = 0) -> Path:
     """A Python-backend repository serving each (Triton name, prepared ONNX) with the production tensors."""
     for name, onnx_path in models:
-        folder = write_triton_model(repo, name, onnx_path, max_batch, backend="python", kind="KIND_CPU")
+        folder = write_triton_model(repo, name, onnx_path, max_batch, backend="python", kind="KIND_CPU",
+                                    queue_delay_us=queue_delay_us)
         (folder / "1" / "model.py").write_text(MODEL_PY, encoding="utf-8")
     return repo
 
@@ -209,7 +211,7 @@ class TritonServer:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve the prepared models on loopback until interrupted, for `bench pipeline --backend triton` on a machine
-    without a production Triton:  python -m tests.servers.triton [--precision fp32] [--max-batch 32]"""
+    without a production Triton:  python -m tests.servers.triton [--precision fp32] [--max-batch 32] [--queue-delay-us N]"""
     import argparse
     import time
 
@@ -219,11 +221,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models", default="retinaface_mnet025,mini_xception_fer2013", help="prepared model names")
     parser.add_argument("--precision", default="fp32", help="which prepared variant to serve (fp32)")
     parser.add_argument("--max-batch", type=int, default=32, help="max_batch_size of each model (32)")
+    parser.add_argument("--queue-delay-us", type=int, default=0, help="max_queue_delay_microseconds (0)")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill` stops the server too, as Ctrl-C does
     logging.basicConfig(level=logging.INFO)
     repo = Path(tempfile.mkdtemp(prefix="triton-repo-"))
     models = [(name, MODELS_DIR / f"{name}.{args.precision}.onnx") for name in args.models.split(",")]
-    write_test_repository(repo, models, args.max_batch)
+    write_test_repository(repo, models, args.max_batch, args.queue_delay_us)
     with TritonServer(repo) as server:
         log.info("Triton serving %s on %s (gRPC); Ctrl-C stops it", args.models, server.url)
         print(server.url, flush=True)
