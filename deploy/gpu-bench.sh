@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements of BENCHMARKS.md, run on the lent H200 (see ../shared/tools/gpu-machine.md for getting
 # onnxruntime-gpu there). Usage there, from the project root, with the prepared models/ and a copy of the test
-# videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | engine | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
+# videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
 #  frames-check | frames-probe | frames-pipeline)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
@@ -57,6 +57,14 @@ case "${1:-check}" in
   frames-check)  # the frame graphs path on CUDA against the OpenCV path, with host frames and NVDEC frames
     python3 -m pytest -q tests/test_frames_path.py tests/test_nvdec.py -p no:cacheprovider 2>&1 \
       | tee "$OUT/test_frames_gpu.txt" | tail -15
+    ;;
+  emotion-own)  # issue 13's GPU target: the project's own emotion model vs mini-Xception, whole engine, best batch
+    sed 's/model: mini_xception_fer2013/model: fer2013_resnet_t64/' config/default.yaml > "$OUT/own.yaml"
+    for cfg in config/default.yaml "$OUT/own.yaml"; do
+      python3 run_pipeline.py bench engine --model emotion --device cuda --precision fp32,fp16 \
+        --batch 64,256,1024,4096 --video "$video" --seconds 2 --config "$cfg" --log-level warning \
+        --json "$OUT/engine_$(basename "$cfg" .yaml).json"
+    done
     ;;
   frames-probe)  # node placement of the frame graphs, and one batch's cost with frames already on the GPU
     python3 deploy/frame_graphs_probe.py .benchdata/video/group_1080p.mp4 2> "$OUT/frames_probe.err" \
