@@ -42,7 +42,7 @@ def restore_fp32_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     graph = model.graph
     halves = {init.name: init for init in graph.initializer if init.data_type == TensorProto.FLOAT16}
     folded = [node for node in graph.node if node.op_type == "Cast" and len(node.input) == 1
-              and node.input[0] in halves and helper.get_attribute_value(node.attribute[0]) == TensorProto.FLOAT]
+              and node.input[0] in halves and _cast_target(node) == TensorProto.FLOAT]
     if not folded:
         return model
     restored = [numpy_helper.from_array(numpy_helper.to_array(halves[node.input[0]]).astype(np.float32),
@@ -57,6 +57,11 @@ def restore_fp32_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     graph.node.extend(nodes)
     onnx.checker.check_model(model)
     return model
+
+
+def _cast_target(node: onnx.NodeProto) -> int | None:
+    """The `to` data type of a Cast node (by name: newer opsets add a `saturate` attribute)."""
+    return next((int(helper.get_attribute_value(a)) for a in node.attribute if a.name == "to"), None)
 
 
 def add_uint8_preprocessing(model: onnx.ModelProto, raw: RawInputSpec, channels: int,
