@@ -27,6 +27,7 @@ import pytest
 from tests.conftest import ROOT, data_path, run_cli
 from tests.running_daemon import RunningDaemon, free_port, wait_until, write_config
 from tests.servers.triton import TritonServer, triton_missing, write_test_repository
+from tests.test_frames_path import _frames
 
 DETECTOR, EMOTION = "retinaface_mnet025", "mini_xception_fer2013"
 RENAMED = "emotion_renamed_input"  # the emotion model served with another input name
@@ -60,27 +61,10 @@ def _triton_settings(url: str, **extra: Any) -> Any:
     return InferenceConfig.model_validate({"backend": "triton", "triton": {"url": url, **extra}})
 
 
-def _frames(count: int) -> list[np.ndarray]:
-    import cv2
-
-    capture = cv2.VideoCapture(str(data_path("video", "woman_short.mp4")))
-    frames: list[np.ndarray] = []
-    index = 0
-    while len(frames) < count:
-        ok, frame = capture.read()
-        if not ok:
-            break
-        if index % 7 == 0:
-            frames.append(frame)
-        index += 1
-    capture.release()
-    return frames
-
-
 def test_results_through_triton_equal_in_process(triton: TritonServer, perception: Any, app_config: Any) -> None:
     from pipeline.inference.perception import Perception
 
-    frames = _frames(8)
+    frames = _frames(data_path("video", "woman_short.mp4"), 8, 7)
     assert len(frames) == 8
     cfg = SimpleNamespace(detector=app_config.detector, emotion=app_config.emotion,
                           inference=_triton_settings(triton.url))

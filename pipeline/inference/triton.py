@@ -72,6 +72,17 @@ def _unreachable(exc: Exception) -> bool:
     return any(code in status for code in _UNREACHABLE) or "failed to connect" in str(exc).lower()
 
 
+def _auth_headers(settings: TritonSettings) -> dict[str, str] | None:
+    """`authorization: Bearer TOKEN` for every request when a token is set."""
+    return {"authorization": f"Bearer {settings.token.get_secret_value()}"} if settings.token is not None else None
+
+
+def _new_client(grpc: Any, settings: TritonSettings) -> Any:
+    """A gRPC client of the server in `settings` (TLS with its CA bundle when asked)."""
+    root = Path(settings.ca_file).read_bytes() if settings.tls and settings.ca_file else None
+    return grpc.InferenceServerClient(settings.url, ssl=settings.tls, root_certificates=root)
+
+
 def _tensor_spec(tensor: TritonTensor) -> TensorSpec:
     return TensorSpec(tensor.name, tensor.shape, np.dtype(_NUMPY_TYPES[tensor.datatype]))
 
@@ -116,8 +127,7 @@ class TritonBackend(Backend):
         self._signature = signature
         self._precision = spec.precision
         self._model_path = model_path
-        self._headers = ({"authorization": f"Bearer {settings.token.get_secret_value()}"}
-                         if settings.token is not None else None)
+        self._headers = _auth_headers(settings)
         self._timeout_s = settings.timeout_ms / 1000.0
         self._lock = threading.Lock()
         self._client: Any = None
@@ -146,16 +156,11 @@ class TritonBackend(Backend):
             log.info("%s: starting without Triton; it is checked again with backoff", model.name)
         return backend
 
-    def _new_client(self) -> Any:
-        settings = self._settings
-        root = Path(settings.ca_file).read_bytes() if settings.tls and settings.ca_file else None
-        return self._grpc.InferenceServerClient(settings.url, ssl=settings.tls, root_certificates=root)
-
     def _connect(self) -> None:
         """A fresh client, the model's metadata read and checked; marks the backend up. TritonUnreachable when
         the server does not answer; BackendError (backend stays down) when it serves something else."""
         ref, url = self._ref, self._settings.url
-        client = self._new_client()
+        client = _new_client(self._grpc, self._settings)
         try:
             metadata = client.get_model_metadata(ref.name, ref.version, headers=self._headers, as_json=True,
                                                  client_timeout=self._timeout_s)
@@ -267,9 +272,8 @@ def batcher_statistics(settings: TritonSettings, models: list[str]) -> dict[str,
     `execution_count` (model runs) for the model serving it: requests per execution over a window is how much
     Triton's dynamic batcher merged (bench pipeline reports it). Empty for a model the server cannot report on."""
     grpc = _client_module()
-    client = grpc.InferenceServerClient(settings.url, ssl=settings.tls)
-    headers = ({"authorization": f"Bearer {settings.token.get_secret_value()}"} if settings.token is not None
-               else None)
+    client = _new_client(grpc, settings)
+    headers = _auth_headers(settings)
     out: dict[str, dict[str, int]] = {}
     try:
         for model in models:
