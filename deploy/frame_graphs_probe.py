@@ -1,8 +1,9 @@
 """Probe of the frame graphs on the GPU (deploy/gpu-bench.sh frames-probe): where ONNX Runtime places their nodes,
 and what one batch costs on the device, with frames already in GPU memory (as NVDEC leaves them): per batch size
 (padded to the lane's buckets, `STEP` in the environment, default 2), the letterbox alone, and ONNX Runtime's CUDA
-graph capture (`enable_cuda_graph`) tried on both graphs (issue 11, item 4), and ONNX Runtime's per-node profile of
-the letterbox at 32 frames.
+graph capture (`enable_cuda_graph`) tried on both graphs (issue 11, item 4); the letterbox NCHW vs NHWC, the detector
+graph with the CUDA provider's convolution options side by side, and ONNX Runtime's per-node profile of it at 32
+frames (VARIANTS_ONLY=1 stops after those).
 
 Prints one JSON line per measurement. Run from the project root with onnxruntime-gpu, cuda-python and the prepared
 fp16 models:  python3 deploy/frame_graphs_probe.py .benchdata/video/group_1080p.mp4
@@ -15,10 +16,13 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from pipeline.config.app import load_config
@@ -26,15 +30,20 @@ from pipeline.inference.frames import FramePerception
 from pipeline.inference.gpu.cuda import DeviceBuffer, Stream, memory_info
 from pipeline.inference.perception import load_perception
 from pipeline.modelprep.frame_graphs import (
+    FACE_OUTPUTS,
     FRAME_INDEX_INPUT,
     FRAME_INPUT,
+    IOU_THRESHOLD,
     LETTERBOX_OUTPUT,
     MATRIX_INPUT,
+    SCORE_THRESHOLD,
     FrameFormat,
+    detector_frame_graph,
     letterbox_graph,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+VIDEO = ROOT / ".benchdata" / "video" / "group_1080p.mp4"
 
 
 class _DeviceFrame:
@@ -98,39 +107,109 @@ def _cuda_session(graph: bytes, cuda_graph: bool) -> object:
     return ort.InferenceSession(graph, options, providers=[("CUDAExecutionProvider", provider)])
 
 
-def _letterbox_alone(fmt: FrameFormat, frames: DeviceBuffer, batch: int) -> dict[str, object]:
-    """The letterbox graph alone on `batch` device frames: its share of the detector graph's cost."""
-    session = _cuda_session(letterbox_graph(fmt, (640, 352)).SerializeToString(), False)
+def _letterbox_alone(fmt: FrameFormat, frames: DeviceBuffer, batch: int, nhwc: bool) -> dict[str, object]:
+    """The letterbox graph alone on `batch` device frames (float16 halvings, as the lane builds it): its share of
+    the detector graph's cost, for the NCHW version and the transpose-free NHWC one."""
+    graph = letterbox_graph(fmt, (640, 352), halve_in_fp16=True, nhwc=nhwc).SerializeToString()
+    session = _cuda_session(graph, False)
     binding = session.io_binding()  # type: ignore[attr-defined]
     binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [batch, fmt.height, fmt.width, 3], frames.ptr)
     binding.bind_output(LETTERBOX_OUTPUT, "cuda")
-    return {"letterbox_alone": {"batch": batch,
-                                "ms": _timed(lambda: session.run_with_iobinding(binding))}}  # type: ignore[attr-defined]
+    ms = _timed(lambda: session.run_with_iobinding(binding))  # type: ignore[attr-defined]
+    output = binding.copy_outputs_to_cpu()[0]
+    return {"letterbox_alone": {"batch": batch, "nhwc": nhwc, "ms": ms, "checksum": int(output.sum(dtype=np.int64))}}
 
 
-def _letterbox_profile(fmt: FrameFormat, frames: DeviceBuffer, batch: int, runs: int = 20) -> dict[str, object]:
-    """ONNX Runtime's own per-node profile of the letterbox graph on `batch` device frames: which op is the 5 of the
-    ~12 ms per 32 1080p frames (issue 11's next step: a cheaper letterbox). Microseconds per run, summed by node."""
+def _profiled(graph: bytes, provider: dict[str, str], label: str, bind: Callable[[Any], None],
+              runs: int = 20) -> dict[str, object]:
+    """ONNX Runtime's own per-node profile of `graph` (its host-side time per node: launch time for most CUDA
+    kernels, the wait for nodes that synchronise), summed by node over `runs` runs, top 15, and the wall time per run
+    for comparison: the difference is time between nodes."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.enable_profiling = True
-    options.profile_file_prefix = "/tmp/letterbox_profile"
-    session = ort.InferenceSession(letterbox_graph(fmt, (640, 352)).SerializeToString(), options,
-                                   providers=["CUDAExecutionProvider"])
+    options.profile_file_prefix = f"/tmp/profile_{label}"
+    session = ort.InferenceSession(graph, options, providers=[("CUDAExecutionProvider", provider)])
     binding = session.io_binding()
-    binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [batch, fmt.height, fmt.width, 3], frames.ptr)
-    binding.bind_output(LETTERBOX_OUTPUT, "cuda")
-    for _ in range(runs + 1):
+    bind(binding)
+    session.run_with_iobinding(binding)
+    started = time.monotonic()
+    for _ in range(runs):
         session.run_with_iobinding(binding)
+    wall_us = (time.monotonic() - started) * 1e6 / runs
     events = json.loads(Path(session.end_profiling()).read_text())
     per_node: dict[str, float] = {}
+    by_provider: dict[str, float] = {}
     for event in events:
         if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
             key = f"{event['args'].get('op_name', '?')}:{event['name'][:-len('_kernel_time')]}"
             per_node[key] = per_node.get(key, 0.0) + event["dur"] / (runs + 1)
-    top = sorted(per_node.items(), key=lambda item: -item[1])[:12]
-    return {"letterbox_profile": {"batch": batch, "us_per_run": {k: round(v, 1) for k, v in top},
-                                  "us_total": round(sum(per_node.values()), 1)}}
+            provider_name = event["args"].get("provider", "?")
+            by_provider[provider_name] = by_provider.get(provider_name, 0.0) + event["dur"] / (runs + 1)
+    top = sorted(per_node.items(), key=lambda item: -item[1])[:15]
+    return {"profile": label, "us_per_run": {k: round(v, 1) for k, v in top},
+            "us_nodes_total": round(sum(per_node.values()), 1), "us_by_provider": {k: round(v, 1) for k, v in
+                                                                                   by_provider.items()},
+            "us_wall_per_run": round(wall_us, 1)}
+
+
+PROVIDER_VARIANTS = {
+    "heuristic": {"cudnn_conv_algo_search": "HEURISTIC"},  # what the lanes use today
+    "exhaustive": {"cudnn_conv_algo_search": "EXHAUSTIVE"},
+    "heuristic_prefer_nhwc": {"cudnn_conv_algo_search": "HEURISTIC", "prefer_nhwc": "1"},
+    "exhaustive_prefer_nhwc": {"cudnn_conv_algo_search": "EXHAUSTIVE", "prefer_nhwc": "1"},
+}
+
+
+def _detector_variants(fmt: FrameFormat, frames: DeviceBuffer, batch: int) -> None:
+    """The whole detector graph on `batch` device frames: NCHW vs NHWC letterbox x the CUDA provider's convolution
+    options, one JSON line each, with whether the faces found are the same as the first variant's."""
+    model = onnx.load(str(ROOT / "models" / "retinaface_mnet025.fp16.onnx"))
+    thresholds = {SCORE_THRESHOLD: np.array([0.5], np.float32), IOU_THRESHOLD: np.array([0.4], np.float32)}
+
+    def bind(binding: Any) -> None:
+        binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [batch, fmt.height, fmt.width, 3], frames.ptr)
+        for name, value in thresholds.items():
+            binding.bind_cpu_input(name, value)
+        for name in FACE_OUTPUTS:
+            binding.bind_output(name, "cpu")
+    reference = None
+    for nhwc in (False, True):
+        graph = detector_frame_graph(model, fmt, (640, 352), 64, True, nhwc).SerializeToString()
+        for label, provider in PROVIDER_VARIANTS.items():
+            try:
+                options = ort.SessionOptions()
+                options.log_severity_level = 3
+                session = ort.InferenceSession(graph, options, providers=[("CUDAExecutionProvider", provider)])
+                binding = session.io_binding()
+                bind(binding)
+                ms = _timed(lambda: session.run_with_iobinding(binding), 20)
+                scores = binding.copy_outputs_to_cpu()[0]
+                reference = scores if reference is None else reference
+                same = float(np.abs(scores - reference).max())
+                print(json.dumps({"detector_variant": label, "nhwc_letterbox": nhwc, "batch": batch, "ms": ms,
+                                  "faces_per_frame": int((scores[0] > 0.5).sum()), "score_max_diff": same}),
+                      flush=True)
+            except Exception as exc:  # noqa: BLE001 - a probe reports what ONNX Runtime refused, whatever its type
+                print(json.dumps({"detector_variant": label, "nhwc_letterbox": nhwc,
+                                  "error": f"{type(exc).__name__}: {str(exc)[:300]}"}), flush=True)
+    for nhwc in (False, True):
+        graph = detector_frame_graph(model, fmt, (640, 352), 64, True, nhwc).SerializeToString()
+        print(json.dumps(_profiled(graph, PROVIDER_VARIANTS["heuristic"], f"detector_{'nhwc' if nhwc else 'nchw'}",
+                                   bind)), flush=True)
+    if os.environ.get("LOAD_PROFILE"):  # the same profile inside a pipeline's surroundings: which nodes slow down
+        graph = detector_frame_graph(model, fmt, (640, 352), 64, True, True).SerializeToString()
+        stop = threading.Event()
+        load = [*_decode_load(VIDEO, 64, stop),
+                *(threading.Thread(target=_busy, args=(stop,), daemon=True) for _ in range(16))]
+        for thread in load[64:]:
+            thread.start()
+        time.sleep(3.0)
+        print(json.dumps(_profiled(graph, PROVIDER_VARIANTS["heuristic"], "detector_nhwc_64_decoders_16_threads",
+                                   bind, 40)), flush=True)
+        stop.set()
+        for thread in load:
+            thread.join(5.0)
 
 
 def _classifier_cuda_graph(graph: bytes, fmt: FrameFormat, frames: DeviceBuffer, max_batch: int,
@@ -294,8 +373,11 @@ def main() -> None:
         stream.copy_within(frames.ptr + row * rgb.nbytes, frame.ptr, rgb.nbytes, "probe batch row")
     stream.synchronize()
     for batch in (32, 64):
-        print(json.dumps(_letterbox_alone(fmt, frames, batch)), flush=True)
-    print(json.dumps(_letterbox_profile(fmt, frames, 32)), flush=True)
+        for nhwc in (False, True):
+            print(json.dumps(_letterbox_alone(fmt, frames, batch, nhwc)), flush=True)
+    _detector_variants(fmt, frames, 32)
+    if os.environ.get("VARIANTS_ONLY"):
+        return
     print(json.dumps(_detector_cuda_graph(graphs.detector(fmt))), flush=True)
     for faces in (64, 256):
         print(json.dumps(_classifier_cuda_graph(graphs.classifier(fmt), fmt, frames, 64, faces)), flush=True)

@@ -100,16 +100,30 @@ def thresholds(app_config) -> tuple[float, float]:  # type: ignore[no-untyped-de
 @pytest.mark.parametrize(("video", "size"), [("group_1080p.mp4", (640, 352)), ("group_1080p.mp4", (320, 192)),
                                              ("woman2.mp4", (640, 352))])
 @pytest.mark.parametrize("order", ["bgr", "rgb"])
-def test_letterbox_graph_reproduces_letterbox(video: str, size: tuple[int, int], order: str) -> None:
+@pytest.mark.parametrize("nhwc", [False, True], ids=["nchw", "nhwc"])
+def test_letterbox_graph_reproduces_letterbox(video: str, size: tuple[int, int], order: str, nhwc: bool) -> None:
     frames = _frames(video, 3, 17)
     height, width = frames.shape[1:3]
     fed = frames if order == "bgr" else np.ascontiguousarray(frames[..., ::-1])
-    ours = _session(letterbox_graph(FrameFormat(width, height, order), size)).run(  # type: ignore[arg-type]
-        [LETTERBOX_OUTPUT], {FRAME_INPUT: fed})[0]
+    graph = letterbox_graph(FrameFormat(width, height, order), size, nhwc=nhwc)  # type: ignore[arg-type]
+    ours = _session(graph).run([LETTERBOX_OUTPUT], {FRAME_INPUT: fed})[0]
     host = np.stack([letterbox(frame, size)[0] for frame in frames])
     assert ours.shape == host.shape == (len(frames), size[1], size[0], 3) and ours.dtype == np.uint8
     diff = np.abs(ours.astype(np.int16) - host)
     assert diff.max() <= 1 and (diff > 0).mean() < 1e-3, (diff.max(), (diff > 0).mean())
+
+
+@pytest.mark.parametrize("crop", [(0, 0), (1, 3)], ids=["even", "odd"])
+def test_letterbox_layouts_agree_bit_for_bit(crop: tuple[int, int]) -> None:
+    """The NHWC letterbox (no transposes) is the NCHW one's arithmetic in another layout: the same bytes, also for
+    an odd frame size, where both drop the last row/column before halving."""
+    frames = _frames("group_1080p.mp4", 2, 23)
+    frames = np.ascontiguousarray(frames[:, : frames.shape[1] - crop[1], : frames.shape[2] - crop[0]])
+    fmt = FrameFormat(frames.shape[2], frames.shape[1], "rgb")
+    outputs = [_session(letterbox_graph(fmt, (320, 192), nhwc=nhwc)).run([LETTERBOX_OUTPUT], {FRAME_INPUT: frames})[0]
+               for nhwc in (False, True)]
+    assert outputs[0].shape == (2, 192, 320, 3)
+    assert np.array_equal(outputs[0], outputs[1]), np.abs(outputs[0].astype(int) - outputs[1]).max()
 
 
 # --- detector --------------------------------------------------------------------------------------------------
