@@ -1,7 +1,7 @@
 """Probe of the frame graphs on the GPU (deploy/gpu-bench.sh frames-probe): where ONNX Runtime places their nodes,
 and what one batch costs on the device, with frames already in GPU memory (as NVDEC leaves them): per batch size
 (padded to the lane's buckets, `STEP` in the environment, default 2), the letterbox alone, and ONNX Runtime's CUDA
-graph capture (`enable_cuda_graph`) tried on both graphs (issue 11, item 4); the letterbox NCHW vs NHWC, the detector
+graph capture (`enable_cuda_graph`) tried on both graphs (issue 11, item 4); the letterbox first halving by AveragePool vs by a strided Conv, the detector
 graph with the CUDA provider's convolution options side by side, and ONNX Runtime's per-node profile of it at 32
 frames (VARIANTS_ONLY=1 stops after those).
 
@@ -107,17 +107,17 @@ def _cuda_session(graph: bytes, cuda_graph: bool) -> object:
     return ort.InferenceSession(graph, options, providers=[("CUDAExecutionProvider", provider)])
 
 
-def _letterbox_alone(fmt: FrameFormat, frames: DeviceBuffer, batch: int, nhwc: bool) -> dict[str, object]:
+def _letterbox_alone(fmt: FrameFormat, frames: DeviceBuffer, batch: int, conv: bool) -> dict[str, object]:
     """The letterbox graph alone on `batch` device frames (float16 halvings, as the lane builds it): its share of
-    the detector graph's cost, for the NCHW version and the transpose-free NHWC one."""
-    graph = letterbox_graph(fmt, (640, 352), halve_in_fp16=True, nhwc=nhwc).SerializeToString()
+    the detector graph's cost, first halving by Transpose + AveragePool or by the transpose-free strided Conv."""
+    graph = letterbox_graph(fmt, (640, 352), halve_in_fp16=True, conv_halving=conv).SerializeToString()
     session = _cuda_session(graph, False)
     binding = session.io_binding()  # type: ignore[attr-defined]
     binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [batch, fmt.height, fmt.width, 3], frames.ptr)
     binding.bind_output(LETTERBOX_OUTPUT, "cuda")
     ms = _timed(lambda: session.run_with_iobinding(binding))  # type: ignore[attr-defined]
     output = binding.copy_outputs_to_cpu()[0]
-    return {"letterbox_alone": {"batch": batch, "nhwc": nhwc, "ms": ms, "checksum": int(output.sum(dtype=np.int64))}}
+    return {"letterbox_alone": {"batch": batch, "conv_halving": conv, "ms": ms, "checksum": int(output.sum(dtype=np.int64))}}
 
 
 def _profiled(graph: bytes, provider: dict[str, str], label: str, bind: Callable[[Any], None],
@@ -132,25 +132,31 @@ def _profiled(graph: bytes, provider: dict[str, str], label: str, bind: Callable
     session = ort.InferenceSession(graph, options, providers=[("CUDAExecutionProvider", provider)])
     binding = session.io_binding()
     bind(binding)
-    session.run_with_iobinding(binding)
+    for _ in range(2):  # the first runs pick convolution algorithms: left out of the figures below
+        session.run_with_iobinding(binding)
     started = time.monotonic()
     for _ in range(runs):
         session.run_with_iobinding(binding)
     wall_us = (time.monotonic() - started) * 1e6 / runs
     events = json.loads(Path(session.end_profiling()).read_text())
+    model_runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run")
+    timed_from = model_runs[-runs][0] if len(model_runs) >= runs else 0
     per_node: dict[str, float] = {}
     by_provider: dict[str, float] = {}
     for event in events:
-        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+        if (event.get("cat") == "Node" and event["name"].endswith("_kernel_time")
+                and event["ts"] >= timed_from):
             key = f"{event['args'].get('op_name', '?')}:{event['name'][:-len('_kernel_time')]}"
-            per_node[key] = per_node.get(key, 0.0) + event["dur"] / (runs + 1)
+            per_node[key] = per_node.get(key, 0.0) + event["dur"] / runs
             provider_name = event["args"].get("provider", "?")
-            by_provider[provider_name] = by_provider.get(provider_name, 0.0) + event["dur"] / (runs + 1)
+            by_provider[provider_name] = by_provider.get(provider_name, 0.0) + event["dur"] / runs
+    in_runs = [end - start for start, end in model_runs[-runs:]]
     top = sorted(per_node.items(), key=lambda item: -item[1])[:15]
     return {"profile": label, "us_per_run": {k: round(v, 1) for k, v in top},
             "us_nodes_total": round(sum(per_node.values()), 1), "us_by_provider": {k: round(v, 1) for k, v in
                                                                                    by_provider.items()},
-            "us_wall_per_run": round(wall_us, 1)}
+            "us_wall_per_run": round(wall_us, 1),
+            "us_model_run_p50": round(float(np.median(in_runs)), 1) if in_runs else None}
 
 
 PROVIDER_VARIANTS = {
@@ -162,8 +168,9 @@ PROVIDER_VARIANTS = {
 
 
 def _detector_variants(fmt: FrameFormat, frames: DeviceBuffer, batch: int) -> None:
-    """The whole detector graph on `batch` device frames: NCHW vs NHWC letterbox x the CUDA provider's convolution
-    options, one JSON line each, with whether the faces found are the same as the first variant's."""
+    """The whole detector graph on `batch` device frames: the letterbox's first halving by AveragePool or by a
+    strided Conv x the CUDA provider's convolution options, one JSON line each, with whether the faces found are the
+    same as the first variant's; then its per-node profile alone and (LOAD_PROFILE) under each kind of load."""
     model = onnx.load(str(ROOT / "models" / "retinaface_mnet025.fp16.onnx"))
     thresholds = {SCORE_THRESHOLD: np.array([0.5], np.float32), IOU_THRESHOLD: np.array([0.4], np.float32)}
 
@@ -174,8 +181,8 @@ def _detector_variants(fmt: FrameFormat, frames: DeviceBuffer, batch: int) -> No
         for name in FACE_OUTPUTS:
             binding.bind_output(name, "cpu")
     reference = None
-    for nhwc in (False, True):
-        graph = detector_frame_graph(model, fmt, (640, 352), 64, True, nhwc).SerializeToString()
+    for conv in (False, True):
+        graph = detector_frame_graph(model, fmt, (640, 352), 64, True, conv).SerializeToString()
         for label, provider in PROVIDER_VARIANTS.items():
             try:
                 options = ort.SessionOptions()
@@ -187,29 +194,43 @@ def _detector_variants(fmt: FrameFormat, frames: DeviceBuffer, batch: int) -> No
                 scores = binding.copy_outputs_to_cpu()[0]
                 reference = scores if reference is None else reference
                 same = float(np.abs(scores - reference).max())
-                print(json.dumps({"detector_variant": label, "nhwc_letterbox": nhwc, "batch": batch, "ms": ms,
+                print(json.dumps({"detector_variant": label, "conv_halving": conv, "batch": batch, "ms": ms,
                                   "faces_per_frame": int((scores[0] > 0.5).sum()), "score_max_diff": same}),
                       flush=True)
             except Exception as exc:  # noqa: BLE001 - a probe reports what ONNX Runtime refused, whatever its type
-                print(json.dumps({"detector_variant": label, "nhwc_letterbox": nhwc,
+                print(json.dumps({"detector_variant": label, "conv_halving": conv,
                                   "error": f"{type(exc).__name__}: {str(exc)[:300]}"}), flush=True)
-    for nhwc in (False, True):
-        graph = detector_frame_graph(model, fmt, (640, 352), 64, True, nhwc).SerializeToString()
-        print(json.dumps(_profiled(graph, PROVIDER_VARIANTS["heuristic"], f"detector_{'nhwc' if nhwc else 'nchw'}",
-                                   bind)), flush=True)
-    if os.environ.get("LOAD_PROFILE"):  # the same profile inside a pipeline's surroundings: which nodes slow down
-        graph = detector_frame_graph(model, fmt, (640, 352), 64, True, True).SerializeToString()
+    graph = detector_frame_graph(model, fmt, (640, 352), 64, True, False).SerializeToString()
+    provider = PROVIDER_VARIANTS["heuristic"]
+    print(json.dumps(_profiled(graph, provider, "detector_alone", bind)), flush=True)
+    if not os.environ.get("LOAD_PROFILE"):
+        return
+    # The same profile inside a pipeline's surroundings, one kind of load at a time: which slows a batch down, and
+    # whether inside ONNX Runtime's nodes (GPU or driver contention) or around them (waiting for the GIL back).
+    loads: dict[str, Callable[[threading.Event], list[threading.Thread]]] = {
+        "64_decoders": lambda stop: _decode_load(VIDEO, 64, stop),
+        "16_python_threads": lambda stop: _python_load(16, stop),
+        "16_python_threads_switch_0.5ms": lambda stop: _python_load(16, stop),
+        "64_decoders_16_python_threads": lambda stop: [*_decode_load(VIDEO, 64, stop), *_python_load(16, stop)],
+    }
+    for label, start in loads.items():
         stop = threading.Event()
-        load = [*_decode_load(VIDEO, 64, stop),
-                *(threading.Thread(target=_busy, args=(stop,), daemon=True) for _ in range(16))]
-        for thread in load[64:]:
-            thread.start()
+        threads = start(stop)
+        if "switch" in label:
+            sys.setswitchinterval(0.0005)
         time.sleep(3.0)
-        print(json.dumps(_profiled(graph, PROVIDER_VARIANTS["heuristic"], "detector_nhwc_64_decoders_16_threads",
-                                   bind, 40)), flush=True)
+        print(json.dumps(_profiled(graph, provider, f"detector_under_{label}", bind, 40)), flush=True)
+        sys.setswitchinterval(0.005)
         stop.set()
-        for thread in load:
+        for thread in threads:
             thread.join(5.0)
+
+
+def _python_load(count: int, stop: threading.Event) -> list[threading.Thread]:
+    threads = [threading.Thread(target=_busy, args=(stop,), daemon=True) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    return threads
 
 
 def _classifier_cuda_graph(graph: bytes, fmt: FrameFormat, frames: DeviceBuffer, max_batch: int,
@@ -320,6 +341,22 @@ def _under_gil_load(engine: object, frame: object, threads: int) -> None:
                       "switch_0.5ms": fast_switch}), flush=True)
 
 
+def _batch_buffer(frame: _DeviceFrame, nbytes: int, stream: Stream) -> DeviceBuffer:
+    """64 copies of the frame, one after another: a full batch in one device buffer, as a lane holds it."""
+    frames = DeviceBuffer("probe batch", nbytes * 64)
+    for row in range(64):
+        stream.copy_within(frames.ptr + row * nbytes, frame.ptr, nbytes, "probe batch row")
+    stream.synchronize()
+    return frames
+
+
+def _variants(fmt: FrameFormat, frames: DeviceBuffer) -> None:
+    for batch in (32, 64):
+        for conv in (False, True):
+            print(json.dumps(_letterbox_alone(fmt, frames, batch, conv)), flush=True)
+    _detector_variants(fmt, frames, 32)
+
+
 def main() -> None:
     video = Path(sys.argv[1])
     cap = cv2.VideoCapture(str(video))
@@ -335,6 +372,12 @@ def main() -> None:
     detector = cfg.detector.model_copy(update={"input_size": (640, 352)})
     cfg = cfg.model_copy(update={"inference": inference, "detector": detector})
     fmt = FrameFormat(rgb.shape[1], rgb.shape[0], "rgb")
+    if os.environ.get("VARIANTS_ONLY"):  # the letterbox and detector variants only, no lane prepared
+        stream = Stream("probe")
+        frame = _DeviceFrame(rgb, stream)
+        frames = _batch_buffer(frame, rgb.nbytes, stream)
+        _variants(fmt, frames)
+        return
     free0 = memory_info()[0]
     perception = load_perception(cfg)
     if not isinstance(perception, FramePerception):
@@ -368,16 +411,8 @@ def main() -> None:
     if os.environ.get("GIL_LOAD"):
         for threads in (4, 16, 64):
             _under_gil_load(engine, frame, threads)
-    frames = DeviceBuffer("probe batch", rgb.nbytes * 64)
-    for row in range(64):
-        stream.copy_within(frames.ptr + row * rgb.nbytes, frame.ptr, rgb.nbytes, "probe batch row")
-    stream.synchronize()
-    for batch in (32, 64):
-        for nhwc in (False, True):
-            print(json.dumps(_letterbox_alone(fmt, frames, batch, nhwc)), flush=True)
-    _detector_variants(fmt, frames, 32)
-    if os.environ.get("VARIANTS_ONLY"):
-        return
+    frames = _batch_buffer(frame, rgb.nbytes, stream)
+    _variants(fmt, frames)
     print(json.dumps(_detector_cuda_graph(graphs.detector(fmt))), flush=True)
     for faces in (64, 256):
         print(json.dumps(_classifier_cuda_graph(graphs.classifier(fmt), fmt, frames, 64, faces)), flush=True)

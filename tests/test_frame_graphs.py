@@ -100,12 +100,12 @@ def thresholds(app_config) -> tuple[float, float]:  # type: ignore[no-untyped-de
 @pytest.mark.parametrize(("video", "size"), [("group_1080p.mp4", (640, 352)), ("group_1080p.mp4", (320, 192)),
                                              ("woman2.mp4", (640, 352))])
 @pytest.mark.parametrize("order", ["bgr", "rgb"])
-@pytest.mark.parametrize("nhwc", [False, True], ids=["nchw", "nhwc"])
-def test_letterbox_graph_reproduces_letterbox(video: str, size: tuple[int, int], order: str, nhwc: bool) -> None:
+@pytest.mark.parametrize("conv", [False, True], ids=["pool", "conv"])
+def test_letterbox_graph_reproduces_letterbox(video: str, size: tuple[int, int], order: str, conv: bool) -> None:
     frames = _frames(video, 3, 17)
     height, width = frames.shape[1:3]
     fed = frames if order == "bgr" else np.ascontiguousarray(frames[..., ::-1])
-    graph = letterbox_graph(FrameFormat(width, height, order), size, nhwc=nhwc)  # type: ignore[arg-type]
+    graph = letterbox_graph(FrameFormat(width, height, order), size, conv_halving=conv)  # type: ignore[arg-type]
     ours = _session(graph).run([LETTERBOX_OUTPUT], {FRAME_INPUT: fed})[0]
     host = np.stack([letterbox(frame, size)[0] for frame in frames])
     assert ours.shape == host.shape == (len(frames), size[1], size[0], 3) and ours.dtype == np.uint8
@@ -114,16 +114,26 @@ def test_letterbox_graph_reproduces_letterbox(video: str, size: tuple[int, int],
 
 
 @pytest.mark.parametrize("crop", [(0, 0), (1, 3)], ids=["even", "odd"])
-def test_letterbox_layouts_agree_bit_for_bit(crop: tuple[int, int]) -> None:
-    """The NHWC letterbox (no transposes) is the NCHW one's arithmetic in another layout: the same bytes, also for
-    an odd frame size, where both drop the last row/column before halving."""
+def test_conv_halving_is_averagepools_arithmetic(crop: tuple[int, int]) -> None:
+    """The first halving as a strided Conv straight from NHWC (no transpose) gives AveragePool's bytes, also for an
+    odd frame size, where both drop the last row/column before halving."""
     frames = _frames("group_1080p.mp4", 2, 23)
     frames = np.ascontiguousarray(frames[:, : frames.shape[1] - crop[1], : frames.shape[2] - crop[0]])
     fmt = FrameFormat(frames.shape[2], frames.shape[1], "rgb")
-    outputs = [_session(letterbox_graph(fmt, (320, 192), nhwc=nhwc)).run([LETTERBOX_OUTPUT], {FRAME_INPUT: frames})[0]
-               for nhwc in (False, True)]
+    outputs = [_session(letterbox_graph(fmt, (320, 192), conv_halving=conv)).run(
+        [LETTERBOX_OUTPUT], {FRAME_INPUT: frames})[0] for conv in (False, True)]
     assert outputs[0].shape == (2, 192, 320, 3)
     assert np.array_equal(outputs[0], outputs[1]), np.abs(outputs[0].astype(int) - outputs[1]).max()
+
+
+def test_the_gpus_letterbox_float16_and_conv_is_exact_too() -> None:
+    """What the lanes run on a GPU (float16 halving by the strided Conv) gives letterbox()'s bytes: checked here on
+    the CPU provider, which runs a float16 Conv (not a float16 AveragePool, hence one halving: 1080p to 640x352)."""
+    frames = _frames("group_1080p.mp4", 2, 29)
+    fmt = FrameFormat(frames.shape[2], frames.shape[1], "bgr")
+    graph = letterbox_graph(fmt, (640, 352), halve_in_fp16=True, conv_halving=True)
+    ours = _session(graph).run([LETTERBOX_OUTPUT], {FRAME_INPUT: frames})[0]
+    assert np.array_equal(ours, np.stack([letterbox(frame, (640, 352))[0] for frame in frames]))
 
 
 # --- detector --------------------------------------------------------------------------------------------------

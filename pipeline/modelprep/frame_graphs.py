@@ -148,7 +148,7 @@ def _linear_taps(source: int, target: int, pin_edges: bool) -> tuple[np.ndarray,
     return (*(t.astype(np.int64) for t in taps), *(w.astype(np.int32) for w in weights))
 
 
-def _linear_nodes(b: _Builder, x: str, source: tuple[int, int], target: tuple[int, int], nhwc: bool = False) -> str:
+def _linear_nodes(b: _Builder, x: str, source: tuple[int, int], target: tuple[int, int]) -> str:
     """cv2.resize INTER_LINEAR of uint8 pixels (integers in `x`, NCHW), bit for bit: a horizontal pass with 11-bit
     weights, then cv2's vertical SIMD arithmetic ((b0 * (S0 >> 4)) >> 16) + ((b1 * (S1 >> 4)) >> 16) + 2) >> 2, in
     int32 (float32 would round those products). ONNX Resize (float bilinear) differs from it by one grey level in
@@ -156,65 +156,37 @@ def _linear_nodes(b: _Builder, x: str, source: tuple[int, int], target: tuple[in
     Gathers and a few integer ops on the small tensor). Non-negative integer Div is the right shift."""
     x0, x1, a0, a1 = _linear_taps(source[0], target[0], pin_edges=True)
     y0, y1, b0, b1 = _linear_taps(source[1], target[1], pin_edges=False)
-    row_axis, col_axis = (1, 2) if nhwc else (2, 3)
-    a0, a1 = (a[:, None] if nhwc else a for a in (a0, a1))  # weights broadcast along the column axis
-    b0, b1 = (w[:, None, None] if nhwc else w[:, None] for w in (b0, b1))  # ... and along the row axis
     x = b.op("Cast", x, to=TensorProto.INT32)
-    left = b.op("Gather", x, b.const(x0, np.int64), axis=col_axis)
-    right = b.op("Gather", x, b.const(x1, np.int64), axis=col_axis)
+    left, right = b.op("Gather", x, b.const(x0, np.int64), axis=3), b.op("Gather", x, b.const(x1, np.int64), axis=3)
     rows = b.op("Add", b.op("Mul", left, b.const(a0, np.int32)), b.op("Mul", right, b.const(a1, np.int32)))
     rows = b.op("Div", rows, b.const(16, np.int32))
     shift = b.const(65536, np.int32)
-    top = b.op("Div", b.op("Mul", b.op("Gather", rows, b.const(y0, np.int64), axis=row_axis),
-                           b.const(b0, np.int32)), shift)
-    bottom = b.op("Div", b.op("Mul", b.op("Gather", rows, b.const(y1, np.int64), axis=row_axis),
-                              b.const(b1, np.int32)), shift)
+    top = b.op("Div", b.op("Mul", b.op("Gather", rows, b.const(y0, np.int64), axis=2), b.const(b0[:, None], np.int32)),
+               shift)
+    bottom = b.op("Div", b.op("Mul", b.op("Gather", rows, b.const(y1, np.int64), axis=2),
+                              b.const(b1[:, None], np.int32)), shift)
     value = b.op("Div", b.op("Add", b.op("Add", top, bottom), b.const(2, np.int32)), b.const(4, np.int32))
     return b.op("Cast", value, to=TensorProto.FLOAT)
 
 
-def _halve_nhwc(b: _Builder, x: str, size: tuple[int, int], dtype: type) -> str:
-    """One 2x2 area halving of float NHWC pixels holding integers, without leaving NHWC: an odd last row/column is
-    dropped (AveragePool's floor), each 2x2 block summed through a [B, h, 2, w, 2, 3] view, and rounded as cv2's
-    INTER_AREA rounds uint8 at a factor of 2: (a + b + c + d + 2) >> 2 (exact in float16 too: sums <= 1022)."""
-    width, height = size
-    if width % 2 or height % 2:
-        x = b.op("Slice", x, b.const([0, 0], np.int64), b.const([height - height % 2, width - width % 2], np.int64),
-                 b.const([1, 2], np.int64))
-    x = b.op("Reshape", x, b.const([-1, height // 2, 2, width // 2, 2, 3], np.int64))
-    total = b.op("ReduceSum", x, b.const([2, 4], np.int64), keepdims=0)
-    return b.op("Floor", b.op("Mul", b.op("Add", total, b.const(2.0, dtype)), b.const(0.25, dtype)))
-
-
-def _letterbox_nodes_nhwc(b: _Builder, frames: str, frame: FrameFormat, plan: LetterboxPlan,
-                          halve_in_fp16: bool = False) -> str:
-    """The same letterbox with no transpose at all: the halvings, the bilinear step, the channel swap and the
-    padding all work on NHWC, which the frames arrive in and the detector's prepared input takes. The NCHW version
-    transposes the whole uint8 batch first; this one never moves a full-resolution frame but to cast it."""
-    half = halve_in_fp16 and plan.halvings > 0
+def _conv_halving(b: _Builder, frames: str, frame: FrameFormat, half: bool) -> str:
+    """The first 2x2 halving straight from the uint8 NHWC frames to a float NCHW half-size tensor, with no
+    transpose: the frames seen as one-channel images of H x 3W, and a Conv with 2x6 kernels at stride 2x6 whose
+    output channel c adds the four samples of channel c in each 2x2 block (weights 0.25 at columns c and c + 3), i.e.
+    AveragePool's value. Exact: every product and partial sum is a multiple of 0.25 below 256, which float16 holds
+    exactly (float32 trivially). A stride-2 Conv, like AveragePool, drops an odd last row/column."""
     dtype = np.float16 if half else np.float32
     x = b.op("Cast", frames, to=TensorProto.FLOAT16 if half else TensorProto.FLOAT)
-    size = (frame.width, frame.height)
-    for _ in range(plan.halvings):
-        x = _halve_nhwc(b, x, size, dtype)
-        size = (size[0] // 2, size[1] // 2)
-    if half:
-        x = b.op("Cast", x, to=TensorProto.FLOAT)
-    if plan.halved != plan.resized:
-        x = _linear_nodes(b, x, plan.halved, plan.resized, nhwc=True)
-    if frame.order == "rgb":  # the detector was trained on BGR
-        x = b.op("Gather", x, b.const([2, 1, 0], np.int64), axis=3)
-    pad_w, pad_h = plan.input_size[0] - plan.resized[0], plan.input_size[1] - plan.resized[1]
-    if pad_w or pad_h:  # as in the NCHW version: pad zeros around (x - colour), then add it back
-        colour = b.const(np.asarray(PAD_BGR, np.float32).reshape(1, 1, 1, 3))
-        x = b.op("Sub", x, colour)
-        x = b.op("Pad", x, b.const([0, 0, 0, 0, 0, pad_h, pad_w, 0], np.int64), mode="constant")
-        x = b.op("Add", x, colour)
-    return b.op("Cast", x, to=TensorProto.UINT8)
+    x = b.op("Reshape", x, b.const([-1, 1, frame.height, frame.width * 3], np.int64))
+    weights = np.zeros((3, 1, 2, 6), dtype)
+    for channel in range(3):
+        weights[channel, 0, :, [channel, channel + 3]] = 0.25
+    x = b.op("Conv", x, b.const(weights, dtype), kernel_shape=[2, 6], strides=[2, 6])
+    return b.op("Floor", b.op("Add", x, b.const(0.5, dtype)))
 
 
 def _letterbox_nodes(b: _Builder, frames: str, frame: FrameFormat, plan: LetterboxPlan,
-                     halve_in_fp16: bool = False, nhwc: bool = False) -> str:
+                     halve_in_fp16: bool = False, conv_halving: bool = False) -> str:
     """Nodes from uint8 NHWC frames to the uint8 NHWC BGR detector input, reproducing letterbox()/shrink().
 
     A 2x2 mean + Floor(x + 0.5) is cv2 INTER_AREA at a factor of exactly 2 for uint8 ((a+b+c+d+2) >> 2, bit-exact).
@@ -225,13 +197,15 @@ def _letterbox_nodes(b: _Builder, frames: str, frame: FrameFormat, plan: Letterb
     `halve_in_fp16` (the GPU): the full-resolution cast and the halvings in float16, half the bytes of the costliest
     pass, and still exact: a 2x2 sum of uint8 is at most 1020 and its quarters are multiples of 0.25, all of which
     float16 represents exactly. (ONNX Runtime's CPU provider has no float16 AveragePool, so the CPU keeps float32.)"""
-    if nhwc:
-        return _letterbox_nodes_nhwc(b, frames, frame, plan, halve_in_fp16)
-    x = b.op("Transpose", frames, perm=[0, 3, 1, 2])  # on uint8: the float cast below is the one big copy
     half = halve_in_fp16 and plan.halvings > 0
     dtype = np.float16 if half else np.float32
-    x = b.op("Cast", x, to=TensorProto.FLOAT16 if half else TensorProto.FLOAT)
-    for _ in range(plan.halvings):
+    pooled = 0
+    if conv_halving and plan.halvings > 0:
+        x, pooled = _conv_halving(b, frames, frame, half), 1
+    else:
+        x = b.op("Transpose", frames, perm=[0, 3, 1, 2])  # on uint8: the float cast below is the one big copy
+        x = b.op("Cast", x, to=TensorProto.FLOAT16 if half else TensorProto.FLOAT)
+    for _ in range(plan.halvings - pooled):
         x = b.op("AveragePool", x, kernel_shape=[2, 2], strides=[2, 2])
         x = b.op("Floor", b.op("Add", x, b.const(0.5, dtype)))
     if half:
@@ -266,11 +240,12 @@ def _standalone(b: _Builder, inputs: list[onnx.ValueInfoProto], outputs: list[on
 
 
 def letterbox_graph(frame: FrameFormat, input_size: tuple[int, int], halve_in_fp16: bool = False,
-                    nhwc: bool = False) -> onnx.ModelProto:
+                    conv_halving: bool = False) -> onnx.ModelProto:
     """The letterbox part alone (`frames` → `letterbox` uint8 [B, h, w, 3] BGR), to test it against letterbox()."""
     b = _Builder("lb")
     plan = letterbox_plan(frame, input_size)
-    b.op("Identity", _letterbox_nodes(b, FRAME_INPUT, frame, plan, halve_in_fp16, nhwc), out=LETTERBOX_OUTPUT)
+    b.op("Identity", _letterbox_nodes(b, FRAME_INPUT, frame, plan, halve_in_fp16, conv_halving),
+         out=LETTERBOX_OUTPUT)
     width, height = plan.input_size
     output = helper.make_tensor_value_info(LETTERBOX_OUTPUT, TensorProto.UINT8, ["batch", height, width, 3])
     return _standalone(b, [_frames_info(frame)], [output], MIN_OPSET, "letterbox")
@@ -409,7 +384,8 @@ def _splice(model: onnx.ModelProto, model_input: str, front: _Builder, fed: str,
 
 
 def detector_frame_graph(detector: onnx.ModelProto, frame: FrameFormat, input_size: tuple[int, int],
-                         max_faces: int = 64, halve_in_fp16: bool = False, nhwc: bool = False) -> onnx.ModelProto:
+                         max_faces: int = 64, halve_in_fp16: bool = False,
+                         conv_halving: bool = False) -> onnx.ModelProto:
     """letterbox → `detector` (a prepared RetinaFace with top candidates, any precision) → decode + NMS.
 
     Inputs: `frames` uint8 [B, H, W, 3] in `frame.order`, `score_threshold` and `iou_threshold` float32 [1].
@@ -426,7 +402,7 @@ def detector_frame_graph(detector: onnx.ModelProto, frame: FrameFormat, input_si
     candidates = _candidate_count(model, plan.input_size)
     faces = min(max_faces, candidates)
     front, back = _Builder("lb"), _Builder("dec")
-    fed = _letterbox_nodes(front, FRAME_INPUT, frame, plan, halve_in_fp16, nhwc)
+    fed = _letterbox_nodes(front, FRAME_INPUT, frame, plan, halve_in_fp16, conv_halving)
     _decode_nodes(back, plan, candidates, faces)
     inputs = [_frames_info(frame), *(helper.make_tensor_value_info(n, TensorProto.FLOAT, [1])
                                      for n in (SCORE_THRESHOLD, IOU_THRESHOLD))]
