@@ -74,11 +74,18 @@ class FrameSlot:
             self.closed = True
             self._cond.notify_all()
 
-    def take_newer(self, after_index: int, timeout: float) -> Frame | None:
-        """The newest frame with index > after_index, waiting up to `timeout`; None on timeout or close."""
+    def wake(self) -> None:
+        """Make a waiting take_newer look at its `unless` again (something other than a frame has happened)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def take_newer(self, after_index: int, timeout: float, unless: Callable[[], bool] | None = None) -> Frame | None:
+        """The newest frame with index > after_index, waiting up to `timeout`; None on timeout, on close, or as
+        soon as `unless()` is true (checked at each put or wake: a worker also waits for its oldest result)."""
         with self._cond:
             ready = self._cond.wait_for(
-                lambda: self.closed or (self._frame is not None and self._frame.index > after_index), timeout)
+                lambda: self.closed or (self._frame is not None and self._frame.index > after_index)
+                or (unless is not None and unless()), timeout)
             if not ready or self._frame is None or self._frame.index <= after_index:
                 return None
             self.taken += 1

@@ -37,6 +37,7 @@ from pipeline.core.types import Detection, EmotionScores, FrameImage
 from pipeline.inference.backend import BackendError
 from pipeline.inference.batching import BatchedModel
 from pipeline.inference.classifier import mean_of_pair
+from pipeline.inference.pending import Analysis, PendingAnalysis
 from pipeline.inference.settings import DetectorConfig, EmotionConfig, InferenceConfig
 from pipeline.modelprep.frame_graphs import (
     FACE_BOX,
@@ -298,9 +299,11 @@ class FramePerception:
     """Perception on the frame graphs path: `analyze` takes a whole frame (host or GPU) and returns its faces and
     emotions; one shared BatchedModel batches frames across cameras."""
 
-    def __init__(self, model: BatchedModel, engine: FrameEngine, result_timeout_s: float = 10.0) -> None:
+    def __init__(self, model: BatchedModel, engine: FrameEngine, result_timeout_s: float = 10.0,
+                 frames_in_flight: int = 1) -> None:
         self.model = model
         self.engine = engine
+        self.frames_in_flight = frames_in_flight  # per camera (inference.frames_in_flight, resolved)
         self._timeout = result_timeout_s
 
     def models(self) -> list[tuple[str, BatchedModel]]:
@@ -314,14 +317,20 @@ class FramePerception:
     def warm_up(self) -> None:
         """Nothing to warm before the cameras say their sizes: each format is prepared when first met (logged)."""
 
-    def analyze(self, image: FrameImage) -> tuple[list[Detection], list[EmotionScores], dict[str, float]]:
+    def analyze(self, image: FrameImage) -> Analysis:
         """Faces and emotions of one frame, with the batch's stage times and this frame's wait, in ms."""
+        return self.begin(image).result()
+
+    def begin(self, image: FrameImage) -> PendingAnalysis:
+        """Hand the frame to the batcher and return at once (QueueFullError when its queue is full)."""
         started = time.monotonic()
-        result: FrameResult = self.model.submit(image).result(timeout=self._timeout)
-        total = (time.monotonic() - started) * 1e3
-        timings = dict(result.timings)
-        timings["queue"] = max(0.0, total - sum(timings.values()))
-        return result.faces, result.scores, timings
+
+        def finish(result: FrameResult) -> Analysis:
+            total = (time.monotonic() - started) * 1e3
+            timings = dict(result.timings)
+            timings["queue"] = max(0.0, total - sum(timings.values()))
+            return result.faces, result.scores, timings
+        return PendingAnalysis(self.model.submit(image), finish, self._timeout)
 
     def close(self) -> None:
         self.model.close()
@@ -353,7 +362,7 @@ def load_frame_perception(detector_path: Path, classifier_path: Path, detector: 
                 "files": f"{detector_path.name}, {classifier_path.name}"}
     engine = FrameEngine(lanes, detector, emotion, classifier, inference.max_batch, describe)
     model = BatchedModel(engine, "frames", inference.max_batch, inference.max_delay_ms, inference.queue_size)
-    return FramePerception(model, engine)
+    return FramePerception(model, engine, frames_in_flight=inference.frames_in_flight_for(graph=True))
 
 
 def _cuda_lanes(ort: Any, graphs: FrameGraphs, inference: InferenceConfig, detector: DetectorConfig, threads: int,

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from pipeline.core.types import Detection, EmotionScores, FrameImage
+from pipeline.core.types import FrameImage
 from pipeline.inference.backend import (
     BackendError,
     ModelRuntime,
@@ -26,6 +26,7 @@ from pipeline.inference.batching import BatchedModel
 from pipeline.inference.classifier import EmotionClassifier
 from pipeline.inference.detector import FaceDetector
 from pipeline.inference.frames import FramePerception, load_frame_perception
+from pipeline.inference.pending import Analysis, PendingAnalysis, finished
 from pipeline.inference.settings import DetectorConfig, EmotionConfig, InferenceConfig
 from pipeline.modelprep.manifest import ModelManifest, load_manifest
 from pipeline.modelprep.prepare import ensure_model
@@ -50,9 +51,14 @@ class PerceptionSettings(Protocol):
 
 
 class Analyzer(Protocol):
-    """What a camera worker needs: one frame in, its faces and emotions out (both frame paths provide it)."""
+    """What a camera worker needs: one frame in, its faces and emotions out (both frame paths provide it), either at
+    once (analyze) or begun now and collected later (begin), up to `frames_in_flight` frames per camera."""
 
-    def analyze(self, image: FrameImage) -> tuple[list[Detection], list[EmotionScores], dict[str, float]]: ...
+    frames_in_flight: int
+
+    def analyze(self, image: FrameImage) -> Analysis: ...
+
+    def begin(self, image: FrameImage) -> PendingAnalysis: ...
 
     def models(self) -> list[tuple[str, BatchedModel]]: ...
 
@@ -104,6 +110,7 @@ class Perception:
 
     detector: FaceDetector
     classifier: EmotionClassifier
+    frames_in_flight: int = 1  # a frame is analysed on the camera's thread, detector then classifier
 
     @classmethod
     def from_config(cls, cfg: PerceptionSettings, auto_prepare: bool = True) -> Perception:
@@ -142,7 +149,11 @@ class Perception:
         self.detector.model.close()
         self.classifier.model.close()
 
-    def analyze(self, image: FrameImage) -> tuple[list[Detection], list[EmotionScores], dict[str, float]]:
+    def begin(self, image: FrameImage) -> PendingAnalysis:
+        """The OpenCV path analyses the frame now (its letterbox and crops run on the calling thread)."""
+        return finished(self.analyze(image))
+
+    def analyze(self, image: FrameImage) -> Analysis:
         """Faces and their emotions in one BGR image, with per-stage times in ms (queue time included)."""
         if not isinstance(image, np.ndarray):  # a camera still on the GPU path after a reload: copied down
             image = image.to_host()

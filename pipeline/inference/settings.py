@@ -200,6 +200,14 @@ class InferenceConfig(StrictModel):
         "built around the models (pipeline/modelprep/frame_graphs.py), on the models' device; on cuda, frames "
         "decoded by NVDEC then never leave the GPU, and only faces and probabilities come back. auto: graph with "
         "backend onnxruntime on device cuda, else opencv.")
+    frames_in_flight: int = Field(0, ge=0, le=8, description="Frames of one camera that may be in the shared "
+                                  "engine at once. 1: a camera hands over its next frame only when the previous "
+                                  "one is analysed, so it analyses at most 1 / (queueing + batch time) frames per "
+                                  "second. 2 or more: the next frame joins a batch while the previous one is "
+                                  "still running (results still come out in frame order), at the cost of a "
+                                  "little more latency when the engine is saturated. 0 = auto: 2 on the frame "
+                                  "graphs path with device cuda, else 1 (the OpenCV path analyses one frame at "
+                                  "a time whatever this says).")
     threads: int = Field(0, ge=0, le=256, description="CPU threads per session; 0 = the library default.")
     queue_size: int = Field(256, ge=1, le=100_000, description="Requests that may wait for inference, per model. "
                                                                "When the queue is full a new request is refused "
@@ -218,6 +226,15 @@ class InferenceConfig(StrictModel):
         if self.frame_path == "auto":
             return self.backend == "onnxruntime" and self.device == "cuda"
         return self.frame_path == "graph"
+
+    def frames_in_flight_for(self, graph: bool) -> int:
+        """frames_in_flight with auto resolved, for the frame graphs path (`graph`) or the OpenCV path (always 1:
+        it analyses a frame on the camera's thread before taking the next)."""
+        if not graph:
+            return 1
+        if self.frames_in_flight == 0:
+            return 2 if self.device == "cuda" else 1
+        return self.frames_in_flight
 
     @model_validator(mode="after")
     def _triton_needs_url(self) -> InferenceConfig:

@@ -1,6 +1,8 @@
 """One camera's per-frame walk: detect → crop → classify → track → smooth, as plain sequential code.
 
-Batching is invisible here: the detector and classifier are shared BatchedModels; this code submits and waits.
+Batching is invisible here: the detector and classifier are shared BatchedModels; this code hands frames over and
+collects their results in frame order, with up to `frames_in_flight` of them in the engine at once (one, on the OpenCV
+path; two by default on the GPU frame graphs path, see inference.pending).
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -16,6 +19,7 @@ from pipeline.capture.thread import CaptureThread
 from pipeline.core.logrepeat import RepeatLimiter
 from pipeline.core.types import Detection, EmotionScores, FaceResult, Frame, Observation
 from pipeline.inference.batching import ModelClosedError, QueueFullError
+from pipeline.inference.pending import PendingAnalysis
 from pipeline.inference.perception import Analyzer
 from pipeline.vision.track import IouTracker
 
@@ -29,6 +33,8 @@ class WorkerStats:
     errors: int = 0
     faces: int = 0
     last_latency_ms: float = 0.0
+    in_flight: int = 0  # frames handed to the engine and not yet collected
+    most_in_flight: int = 0
     heartbeat: float = field(default_factory=time.monotonic)
 
 
@@ -48,30 +54,54 @@ class CameraWorker(threading.Thread):
 
     def run(self) -> None:
         last_index = 0
+        depth = max(1, self.perception.frames_in_flight)
+        pending: deque[tuple[Frame, PendingAnalysis]] = deque()
+        slot = self.capture.slot
         while not self._stop_event.is_set():
             self.stats.heartbeat = time.monotonic()
-            frame = self.capture.slot.take_newer(last_index, timeout=0.25)
+            if pending and (pending[0][1].done() or len(pending) >= depth or slot.closed):
+                self._collect(*pending.popleft())
+                self.stats.in_flight = len(pending)
+                continue
+            oldest = pending[0][1] if pending else None
+            frame = slot.take_newer(last_index, timeout=0.25, unless=oldest.done if oldest else None)
             if frame is None:
-                if self.capture.slot.closed:
+                if slot.closed and not pending:
                     break
                 continue
             last_index = frame.index
-            self._process(frame)
+            begun = self._begin(frame)
+            if begun is not None:
+                begun.add_done_callback(slot.wake)  # the wait above also ends when this frame's batch has run
+                pending.append((frame, begun))
+                self.stats.in_flight = len(pending)
+                self.stats.most_in_flight = max(self.stats.most_in_flight, len(pending))
 
-    def _process(self, frame: Frame) -> None:
+    def _begin(self, frame: Frame) -> PendingAnalysis | None:
         try:
-            faces, scores, timings = self.perception.analyze(frame.image)
+            return self.perception.begin(frame.image)
         except QueueFullError:
             self.stats.skipped_busy += 1
-            return
+        except ModelClosedError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - one bad frame must not end the camera
+            self._failed(frame, exc)
+        return None
+
+    def _collect(self, frame: Frame, pending: PendingAnalysis) -> None:
+        try:
+            faces, scores, timings = pending.result()
         except ModelClosedError:
             return
         except Exception as exc:  # noqa: BLE001 - one bad frame must not end the camera
-            self.stats.errors += 1
-            self._failures.log(logging.WARNING, type(exc).__name__, "camera %s frame %d: analysis failed: %s",
-                               frame.camera, frame.index, exc)
+            self._failed(frame, exc)
             return
         self.publish(self.observe(frame, faces, scores, timings))
+
+    def _failed(self, frame: Frame, exc: Exception) -> None:
+        self.stats.errors += 1
+        self._failures.log(logging.WARNING, type(exc).__name__, "camera %s frame %d: analysis failed: %s",
+                           frame.camera, frame.index, exc)
 
     def observe(self, frame: Frame, faces: list[Detection], scores: list[EmotionScores],
                 timings: dict[str, float]) -> Observation:

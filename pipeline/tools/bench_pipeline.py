@@ -56,6 +56,9 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-delay-ms", type=float, default=4.0, help="inference.max_delay_ms (batched design)")
     parser.add_argument("--lanes", type=int, default=1, help="inference.lanes (batched design)")
     parser.add_argument("--batch-step", type=int, default=2, help="CUDA: pad batches to powers of this")
+    parser.add_argument("--frames-in-flight", type=int, default=0, metavar="N",
+                        help="inference.frames_in_flight (batched design; 0 = auto: 2 on the GPU frame graphs "
+                             "path, else 1); the naive design always analyses one frame at a time")
     parser.add_argument("--frame-path", choices=["auto", "opencv", "graph"], default="auto",
                         help="inference.frame_path: letterbox, NMS and crops in OpenCV on the host, or in the frame "
                              "graphs (auto: graph on cuda)")
@@ -87,6 +90,7 @@ def _config(args: argparse.Namespace, naive: bool) -> AppConfig:
         "device": args.device, "precision": args.precision,
         "max_batch": 1 if naive else args.max_batch, "max_delay_ms": 0.0 if naive else args.max_delay_ms,
         "lanes": 1 if naive else args.lanes, "batch_step": args.batch_step, "frame_path": args.frame_path,
+        "frames_in_flight": 1 if naive else args.frames_in_flight,
         "backend": args.backend or base.inference.backend,
         "triton": base.inference.triton.model_copy(update={"url": args.triton_url or base.inference.triton.url})})
     detector = type(base.detector).model_validate(base.detector.model_dump() | {
@@ -233,9 +237,16 @@ def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
                     batch_stats) | {"detector_input_used": _input_used(cfg, args.video), "threads": threads,
                                       "decode_threads": args.decode_threads, "decode": args.decode,
                                       "frame_path": "graph" if cfg.inference.graph_frames else "opencv",
+                                      "frames_in_flight": _in_flight(workers),
                                       "decoder": _decoder_kind(captures), "gpu_utilisation": utilisation,
                                       "capture_nice": args.capture_nice, "backend": cfg.inference.backend,
                                       "triton": triton_window}
+
+
+def _in_flight(workers: list[CameraWorker]) -> dict[str, int]:
+    """Frames per camera the workers were allowed in the engine at once, and the most any camera had."""
+    return {"allowed": max(max(1, w.perception.frames_in_flight) for w in workers),
+            "most": max(w.stats.most_in_flight for w in workers)}
 
 
 def _decoder_kind(captures: list[CaptureThread]) -> str:
@@ -317,6 +328,8 @@ def print_pipeline_table(result: dict[str, Any]) -> None:
     for r in result["results"]:
         lat = r["latency_ms"]
         batches = ", ".join(f"{role} {b['mean_batch']}" for role, b in r["batching"].items())
+        if r.get("frames_in_flight"):
+            batches += f"; frames in flight per camera: up to {r['frames_in_flight']['allowed']}"
         print(f"{r['mode']:8} {r.get('frame_path', 'opencv'):6} {r['cameras']:>4} {r['fps_analysed_per_camera']:>8} "
               f"{r['skipped_pct_of_wanted']:>6} {lat['p50']:>7} {lat['p95']:>7} {lat['p99']:>7} {r['cpu_percent']:>6} "
               f"{r['peak_rss_mb']:>7} {r['gpu_mb'] if r['gpu_mb'] is not None else '-':>7}  {batches}")

@@ -1,0 +1,74 @@
+"""A camera with more than one frame in the shared engine (inference.frames_in_flight): the next frame joins a batch
+while the previous one is analysed, and the camera still publishes in frame order. Real capture (a file camera),
+the real frame graphs on ONNX Runtime's CPU provider, the real worker."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from pipeline.capture.settings import CameraConfig, ReconnectConfig
+from pipeline.capture.thread import CaptureThread
+from pipeline.core.types import Observation
+from pipeline.inference.frames import FramePerception
+from pipeline.inference.perception import load_perception
+from pipeline.inference.settings import InferenceConfig
+from pipeline.service.worker import CameraWorker
+from pipeline.vision.track import IouTracker
+from tests.conftest import data_path
+
+
+def _perception(app_config: Any, frames_in_flight: int) -> FramePerception:
+    inference = app_config.inference.model_copy(update={"frame_path": "graph", "device": "cpu", "max_batch": 8,
+                                                        "max_delay_ms": 20.0, "frames_in_flight": frames_in_flight})
+    perception = load_perception(app_config.model_copy(update={"inference": inference}))
+    if not isinstance(perception, FramePerception):
+        raise TypeError(f"frame_path graph gave {type(perception).__name__}")
+    return perception
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_camera_keeps_its_frames_in_flight_and_publishes_in_order(prepared_models: None, app_config: Any,
+                                                                     depth: int) -> None:
+    """1080p frames arrive every 40 ms and take longer than that to analyse on the CPU, so the worker always has a
+    next frame to hand over: it reaches its depth, never exceeds it, and publishes frames in increasing order."""
+    video = data_path("video", "group_1080p.mp4")
+    perception = _perception(app_config, depth)
+    stop = threading.Event()
+    observations: list[Observation] = []
+    cfg = CameraConfig(name="lobby", source=str(video), fps=25, loop=True,
+                       reconnect=ReconnectConfig(initial_s=0.2, max_s=0.5, stall_s=5.0))
+    capture = CaptureThread(cfg, stop, lambda _event: None)
+    worker = CameraWorker(capture, perception, IouTracker(), observations.append, stop)
+    try:
+        capture.start()
+        worker.start()
+        deadline = time.monotonic() + 90
+        while len(observations) < 12 and time.monotonic() < deadline and worker.is_alive():
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        capture.slot.close()
+        worker.join(15)
+        capture.join(15)
+        perception.close()
+    indices = [o.frame_index for o in observations]
+    assert len(indices) >= 12, f"only {len(indices)} observations, worker errors {worker.stats.errors}"
+    assert indices == sorted(set(indices)), indices
+    assert worker.stats.most_in_flight == depth
+    assert worker.stats.errors == 0
+    assert all(o.faces for o in observations)  # group_1080p has faces in every frame
+
+
+@pytest.mark.parametrize(("settings", "graph", "expected"), [
+    ({"device": "cuda"}, True, 2),  # auto: the GPU frame graphs path pipelines two frames per camera
+    ({"device": "cpu"}, True, 1),
+    ({"device": "cuda"}, False, 1),  # the OpenCV path analyses a frame on the camera's own thread
+    ({"device": "cpu", "frames_in_flight": 3}, True, 3),
+    ({"device": "cuda", "frames_in_flight": 3}, False, 1),
+])
+def test_frames_in_flight_auto(settings: dict[str, Any], graph: bool, expected: int) -> None:
+    assert InferenceConfig(**settings).frames_in_flight_for(graph=graph) == expected
