@@ -403,7 +403,7 @@ def main() -> None:
         stage = results[0].timings
         print(json.dumps({"batch": batch, "step": step, "ms_per_batch_p50": round(float(np.median(times)), 2),
                           "frames_per_s": round(batch / (float(np.median(times)) / 1e3)),
-                          "faces_per_frame": len(results[0].faces),
+                          "faces_per_frame": len(results[0].boxes),
                           "stage_ms": {k: round(v, 2) for k, v in stage.items()}}), flush=True)
     if os.environ.get("LOAD"):
         for cameras in (16, 64):

@@ -27,6 +27,7 @@ import onnxruntime as ort
 import pytest
 
 from pipeline.core.types import Detection
+from pipeline.inference.frame_faces import kept_faces
 from pipeline.modelprep.frame_graphs import (
     CROP_OUTPUT,
     FACE_BOX,
@@ -47,7 +48,7 @@ from pipeline.modelprep.frame_graphs import (
 from pipeline.modelprep.graph_edit import GraphEditError
 from pipeline.vision.align import align_matrix, box_crop_matrix, inverse_affine
 from pipeline.vision.faces import FaceCropper
-from pipeline.vision.retinaface import decode, letterbox
+from pipeline.vision.retinaface import decode, filter_faces, letterbox
 from tests.conftest import data_path
 
 DETECTOR, CLASSIFIER = "retinaface_mnet025", "mini_xception_fer2013"
@@ -193,6 +194,33 @@ def test_detector_graph_finds_the_faces_the_host_finds(models: dict[str, Path], 
     assert graph[0].shape == (20, 16) and graph[1].shape == (20, 16, 4) and graph[2].shape == (20, 16, 5, 2)
     found = _assert_same_faces(graph, _host_faces(path, frames, size, *thresholds), frames.shape[2:0:-1])
     assert found >= (80 if video.startswith("group") else 20)
+
+
+@pytest.mark.parametrize(("min_face_px", "max_faces"), [(0, 16), (40, 16), (0, 3), (60, 2)])
+def test_kept_faces_is_filter_faces_for_a_whole_batch(models: dict[str, Path], thresholds: tuple[float, float],
+                                                       min_face_px: int, max_faces: int) -> None:
+    """The lane's vectorised selection gives, frame by frame, the faces filter_faces keeps from the same rows
+    (clipped as the OpenCV path clips, small faces dropped, the largest first): same boxes, scores, landmarks, order."""
+    frames = _frames("group_1080p.mp4", 12, 7)
+    score, box, points = _graph_faces(models[f"{DETECTOR}.fp32"], frames, (640, 352), *thresholds)
+    width, height = frames.shape[2], frames.shape[1]
+    kept = kept_faces(score, box, points, (width, height), min_face_px, max_faces)
+    compared = 0
+    for index in range(len(frames)):
+        rows = np.flatnonzero(score[index] >= 0)
+        clipped = np.clip(box[index][rows].astype(np.float64), 0.0, [width, height, width, height])
+        found = [Detection(box=tuple(float(v) for v in b), score=float(s), landmarks=p.astype(np.float32))
+                 for b, s, p in zip(clipped, score[index][rows], points[index][rows])]
+        expected = filter_faces(found, min_face_px, max_faces)
+        mine = kept.rows(index)
+        assert len(kept.boxes[mine]) == len(expected), index
+        for face, ours, our_score, our_points in zip(expected, kept.boxes[mine], kept.scores[mine],
+                                                     kept.landmarks[mine]):
+            assert tuple(ours) == face.box and our_score == face.score
+            assert np.array_equal(our_points, face.landmarks)
+        compared += len(expected)
+    assert (kept.frame == np.repeat(np.arange(len(frames)), np.diff(kept.offsets))).all()
+    assert compared >= (len(frames) * max_faces if max_faces < 4 else 40)  # the test saw faces, and the cap bit
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])

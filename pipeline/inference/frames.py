@@ -26,17 +26,21 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import onnx
 
-from pipeline.core.types import Detection, EmotionScores, FrameImage
+from pipeline.core.types import FrameImage
 from pipeline.inference.backend import BackendError
 from pipeline.inference.batching import BatchedModel
-from pipeline.inference.classifier import mean_of_pair
+from pipeline.inference.frame_faces import (
+    FrameResult,
+    KeptFaces,
+    kept_faces,
+    normalised,
+)
 from pipeline.inference.pending import Analysis, PendingAnalysis
 from pipeline.inference.settings import DetectorConfig, EmotionConfig, InferenceConfig
 from pipeline.modelprep.frame_graphs import (
@@ -55,7 +59,6 @@ from pipeline.modelprep.frame_graphs import (
 )
 from pipeline.modelprep.manifest import ModelManifest
 from pipeline.vision.align import align_matrix, box_crop_matrices, inverse_affine
-from pipeline.vision.retinaface import filter_faces
 
 log = logging.getLogger(__name__)
 
@@ -67,15 +70,6 @@ def frame_format(image: FrameImage) -> FrameFormat:
     height, width = image.shape[:2]
     order = "bgr" if isinstance(image, np.ndarray) else image.order
     return FrameFormat(int(width), int(height), order)
-
-
-@dataclass(frozen=True)
-class FrameResult:
-    """One frame's faces (filtered as the detector section says) with their emotions, and the batch's stage times."""
-
-    faces: list[Detection]
-    scores: list[EmotionScores]
-    timings: dict[str, float]
 
 
 class FrameLane(Protocol):
@@ -230,13 +224,15 @@ class FrameEngine:
         return results  # type: ignore[return-value]
 
     def _run_group(self, items: list[FrameImage], fmt: FrameFormat, lane: int) -> list[FrameResult]:
+        """Both graphs on one format's frames; between and after them only array work on this (the lane's) thread."""
         runner = self._lanes[lane]
         self.prepare(fmt, lane)
         t0 = time.monotonic()
         outputs = runner.detect(items, fmt, self._thresholds)
         t1 = time.monotonic()
-        faces = [self._faces(outputs, index, fmt) for index in range(len(items))]
-        matrices, frame_index = self._crop_matrices(faces)
+        kept = kept_faces(outputs[FACE_SCORE], outputs[FACE_BOX], outputs[FACE_LANDMARKS], (fmt.width, fmt.height),
+                          self._detector.min_face_px, self._detector.max_faces)
+        matrices, frame_index = self._crop_matrices(kept)
         count = len(matrices)
         if self._emotion.flip and count:  # each face's mirror image in the same run (emotion.flip)
             matrices = np.concatenate([matrices, mirrored(matrices, self._crop_size[0])])
@@ -245,46 +241,20 @@ class FrameEngine:
         probs = runner.classify(fmt, matrices, frame_index) if count else np.zeros((0, len(self._order)))
         t3 = time.monotonic()
         timings = {"detect": (t1 - t0) * 1e3, "crop": (t2 - t1) * 1e3, "emotion": (t3 - t2) * 1e3}
-        if self._emotion.flip and count:
-            scores = [EmotionScores(mean_of_pair(a[self._order], b[self._order]))
-                      for a, b in zip(probs[:count], probs[count:])]
-        else:
-            scores = [self._scores(row) for row in probs]
-        results, start = [], 0
-        for frame_faces in faces:
-            results.append(FrameResult(frame_faces, scores[start:start + len(frame_faces)], timings))
-            start += len(frame_faces)
-        return results
+        emotions = normalised(probs, self._order, pairs=self._emotion.flip and count > 0)
+        return [FrameResult(kept.boxes[rows], kept.scores[rows], kept.landmarks[rows], emotions[rows], timings)
+                for rows in map(kept.rows, range(len(items)))]
 
-    def _faces(self, outputs: dict[str, np.ndarray], index: int, fmt: FrameFormat) -> list[Detection]:
-        """One frame's faces from the graph's fixed-size rows (score -1 = no face), clipped and filtered as on the
-        OpenCV path (vision.retinaface: _to_frame, then filter_faces)."""
-        score = outputs[FACE_SCORE][index]
-        keep = np.flatnonzero(score >= 0)
-        boxes = outputs[FACE_BOX][index][keep].astype(np.float64)
-        boxes = np.clip(boxes, 0.0, [fmt.width, fmt.height, fmt.width, fmt.height])
-        points = outputs[FACE_LANDMARKS][index][keep].astype(np.float32)
-        found = [Detection(box=(float(b[0]), float(b[1]), float(b[2]), float(b[3])), score=float(s), landmarks=p)
-                 for b, s, p in zip(boxes, score[keep], points)]
-        return filter_faces(found, self._detector.min_face_px, self._detector.max_faces)
-
-    def _crop_matrices(self, faces: list[list[Detection]]) -> tuple[np.ndarray, np.ndarray]:
+    def _crop_matrices(self, kept: KeptFaces) -> tuple[np.ndarray, np.ndarray]:
         """Per face: the inverse affine (output pixel → frame pixel) of its crop, and the frame it comes from;
         box crops for the whole batch in one vectorised step, alignment (an SVD per face) one by one."""
-        frames = np.asarray([frame for frame, frame_faces in enumerate(faces) for _ in frame_faces], np.int64)
-        flat = [face for frame_faces in faces for face in frame_faces]
-        if not flat:
-            return np.zeros((0, 2, 3), np.float32), frames
+        if not len(kept.frame):
+            return np.zeros((0, 2, 3), np.float32), kept.frame
         if self._emotion.crop == "align":
-            forward = np.stack([align_matrix(face.landmarks, self._crop_size) for face in flat])
+            forward = np.stack([align_matrix(points, self._crop_size) for points in kept.landmarks])
         else:
-            forward = box_crop_matrices(np.asarray([face.box for face in flat]), self._crop_size,
-                                        self._emotion.box_margin)
-        return inverse_affine(forward).astype(np.float32), frames
-
-    def _scores(self, row: np.ndarray) -> EmotionScores:
-        probs = np.asarray(row, dtype=np.float32)[self._order]
-        return EmotionScores(probs / max(float(probs.sum()), 1e-9))
+            forward = box_crop_matrices(kept.boxes, self._crop_size, self._emotion.box_margin)
+        return inverse_affine(forward).astype(np.float32), kept.frame
 
     def describe(self) -> dict[str, str]:
         return dict(self._described)
@@ -325,11 +295,11 @@ class FramePerception:
         """Hand the frame to the batcher and return at once (QueueFullError when its queue is full)."""
         started = time.monotonic()
 
-        def finish(result: FrameResult) -> Analysis:
+        def finish(result: FrameResult) -> Analysis:  # on the camera's thread
             total = (time.monotonic() - started) * 1e3
             timings = dict(result.timings)
             timings["queue"] = max(0.0, total - sum(timings.values()))
-            return result.faces, result.scores, timings
+            return result.detections(), result.emotions(), timings
         return PendingAnalysis(self.model.submit(image), finish, self._timeout)
 
     def close(self) -> None:
