@@ -2,7 +2,7 @@
 # The GPU measurements of BENCHMARKS.md, run on the lent H200 (see ../shared/tools/gpu-machine.md for getting
 # onnxruntime-gpu there). Usage there, from the project root, with the prepared models/ and a copy of the test
 # videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
-#  frames-check | frames-probe | frames-pipeline)
+#  frames-check | frames-probe | frames-pipeline | inflight | inflight-32)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
 set -uo pipefail
@@ -81,11 +81,37 @@ case "${1:-check}" in
       done
     done
     ;;
-  profile)
+  inflight)  # issue 11 (2026-12-01 evening): 64 cameras with 2 and 1 frames in flight, 48 and 80 cameras, woman2 x 64 at
+    # 30 fps; BASE=DIR (a copy of an older commit, e.g. git archive f1934d8) runs the same 64-camera command there
+    common="--fps 25 --device cuda --precision fp16 --detector-input 640x352 --max-batch 64 --lanes 1 --batch-step 2 \
+      --mode batched --decode gpu --frame-path graph --duration ${DURATION:-15} --log-level warning"
+    group="$PWD/.benchdata/video/group_1080p.mp4"
+    python3 run_pipeline.py bench pipeline --video "$group" --cameras 64 $common --json "$OUT/new_64.json" | tail -3
+    if [ -n "${BASE:-}" ]; then
+      cp -n models/*.onnx models/*.json "$BASE/models/" 2>/dev/null
+      (cd "$BASE" && PYTHONPATH="$HOME/site:$PWD" python3 run_pipeline.py bench pipeline --video "$group" --cameras 64 \
+        $common --json "$OUT/base_64.json" | tail -3)
+    fi
+    python3 run_pipeline.py bench pipeline --video "$group" --cameras 64 $common --frames-in-flight 1 \
+      --json "$OUT/new_64_inflight1.json" | tail -3
+    for cams in ${MORE_CAMS:-48 80}; do
+      python3 run_pipeline.py bench pipeline --video "$group" --cameras "$cams" $common --json "$OUT/new_$cams.json" | tail -3
+    done
+    python3 run_pipeline.py bench pipeline --video "$PWD/$video" --cameras 64 ${common/--fps 25/--fps 30} \
+      --json "$OUT/new_woman2_64.json" | tail -3
+    ;;
+  inflight-32)  # batched vs naive at 32 cameras of 1080p (naive: one perception and lane per camera; slow to prepare)
+    python3 run_pipeline.py bench pipeline --video "$PWD/.benchdata/video/group_1080p.mp4" --cameras 32 --fps 25 \
+      --device cuda --precision fp16 --detector-input 640x352 --max-batch 64 --lanes 1 --batch-step 2 --mode both \
+      --decode gpu --frame-path graph --duration "${DURATION:-15}" --log-level warning --json "$OUT/new_32_both.json" \
+      | tail -5
+    ;;
+  profile)  # which Python holds the GIL at CAMS cameras of 1080p on the frame graphs path (py-spy --gil, raw stacks)
     cams=${CAMS:-64}
     "$HOME/tools/bin/py-spy" record --gil --nonblocking --rate 50 --format raw --output "$OUT/gil_${cams}${TAG:-}.txt" \
-      -- python3 run_pipeline.py bench pipeline --video "$video" --cameras "$cams" --fps 30 --device cuda \
-      --precision "${PRECISION:-fp16}" --detector-input 640x352 --max-batch 64 --lanes 2 --duration "${DURATION:-10}" \
-      --mode batched --log-level warning --json "$OUT/profile_${cams}${TAG:-}.json" ${EXTRA:-}
+      -- python3 run_pipeline.py bench pipeline --video "$PWD/.benchdata/video/group_1080p.mp4" --cameras "$cams" \
+      --fps 25 --device cuda --precision "${PRECISION:-fp16}" --detector-input 640x352 --max-batch 64 --lanes 1 \
+      --batch-step 2 --duration "${DURATION:-15}" --mode batched --decode gpu --frame-path graph --log-level warning \
+      --json "$OUT/profile_${cams}${TAG:-}.json" ${EXTRA:-}
     ;;
 esac

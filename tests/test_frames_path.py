@@ -18,7 +18,7 @@ import pytest
 
 from pipeline.config.app import ConfigError, parse_config
 from pipeline.core.types import Detection, EmotionScores
-from pipeline.inference.frames import FramePerception
+from pipeline.inference.frames import FramePerception, frame_format
 from pipeline.inference.perception import Perception, load_perception
 from pipeline.inference.settings import InferenceConfig
 from tests.conftest import data_path
@@ -171,12 +171,27 @@ CUDA_PROBLEM = _cuda_problem()
 needs_cuda = pytest.mark.skipif(CUDA_PROBLEM is not None, reason=f"needs a CUDA GPU: {CUDA_PROBLEM}")
 
 
+def _prepared_gpu(app_config: Any, frame: Any) -> FramePerception:
+    """The frame graphs on CUDA (two lanes), with the frames' format prepared first, as the daemon and bench do for
+    the sizes they know: building and warming a format's sessions takes longer than a frame's 10 s result timeout
+    the first time a process touches the GPU (measured on the H200: both first tests timed out while it ran)."""
+    gpu = load_perception(_graph_config(app_config, device="cuda", lanes=2))
+    if not isinstance(gpu, FramePerception):
+        raise TypeError(f"frame_path graph gave {type(gpu).__name__}")
+    try:
+        gpu.prepare(frame_format(frame))
+    except BaseException:
+        gpu.close()
+        raise
+    return gpu
+
+
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("clip", ["woman2.mp4", "group_1080p.mp4"])
 def test_on_cuda_with_host_frames(prepared_models: None, app_config: Any, perception: Perception, clip: str) -> None:
     frames = _frames(data_path("video", clip), 16, 5)
-    gpu = load_perception(_graph_config(app_config, device="cuda", lanes=2))
+    gpu = _prepared_gpu(app_config, frames[0])
     try:
         candidate = _analyse_concurrently(gpu, frames)
     finally:
@@ -207,7 +222,7 @@ def test_on_cuda_with_frames_nvdec_kept_on_the_gpu(prepared_models: None, app_co
         source.close()  # the frames still held keep their buffers until dropped
     assert not isinstance(device_frames[0], np.ndarray) and device_frames[0].order == "rgb"
     host_frames = [frame.to_host() for frame in device_frames]  # BGR, as the preview gets them
-    gpu = load_perception(_graph_config(app_config, device="cuda", lanes=2))
+    gpu = _prepared_gpu(app_config, device_frames[0])
     try:
         candidate = _analyse_concurrently(gpu, device_frames)
     finally:
