@@ -8,12 +8,15 @@ import threading
 import time
 from typing import Any
 
+import cv2
+import numpy as np
 import pytest
 
 from pipeline.capture.settings import CameraConfig, ReconnectConfig
 from pipeline.capture.thread import CaptureThread
 from pipeline.core.types import Observation
-from pipeline.inference.frames import FramePerception
+from pipeline.inference.batching import NotReadyError
+from pipeline.inference.frames import FramePerception, frame_format
 from pipeline.inference.perception import load_perception
 from pipeline.inference.settings import InferenceConfig
 from pipeline.service.worker import CameraWorker
@@ -60,6 +63,7 @@ def test_a_camera_keeps_its_frames_in_flight_and_publishes_in_order(prepared_mod
     assert indices == sorted(set(indices)), indices
     assert worker.stats.most_in_flight == depth
     assert worker.stats.errors == 0
+    assert worker.stats.skipped_busy >= 1  # the first frame found its size unprepared and started its preparation
     assert all(o.faces for o in observations)  # group_1080p has faces in every frame
 
 
@@ -72,3 +76,39 @@ def test_a_camera_keeps_its_frames_in_flight_and_publishes_in_order(prepared_mod
 ])
 def test_frames_in_flight_auto(settings: dict[str, Any], graph: bool, expected: int) -> None:
     assert InferenceConfig(**settings).frames_in_flight_for(graph=graph) == expected
+
+
+def test_a_new_frame_size_is_prepared_in_the_background(prepared_models: None, app_config: Any) -> None:
+    """The first frame of a size starts its preparation and is refused at once (NotReadyError, a skip), instead of
+    waiting behind it past the result timeout; once the size is ready, frames go through. analyze() (one-off
+    analyses) prepares on the calling thread instead."""
+    frames = _frames(data_path("video", "woman2.mp4"))
+    perception = _perception(app_config, 2)
+    try:
+        fmt = frame_format(frames[0])
+        with pytest.raises(NotReadyError):
+            perception.begin(frames[0])
+        deadline = time.monotonic() + 60
+        while not perception.is_ready(fmt) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert perception.is_ready(fmt)
+        faces, scores, _ = perception.begin(frames[1]).result()
+        assert len(faces) == len(scores) == 1
+        smaller = np.ascontiguousarray(frames[2][: 320, : 480])  # another size: analyze() prepares it itself
+        assert not perception.is_ready(frame_format(smaller))
+        faces, _, _ = perception.analyze(smaller)
+        assert perception.is_ready(frame_format(smaller))
+    finally:
+        perception.close()
+
+
+def _frames(path: Any) -> list[np.ndarray]:
+    cap = cv2.VideoCapture(str(path))
+    frames = []
+    while len(frames) < 3:
+        ok, frame = cap.read()
+        if not ok:
+            break
+        frames.append(frame)
+    cap.release()
+    return frames

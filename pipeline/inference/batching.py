@@ -35,6 +35,11 @@ class QueueFullError(RuntimeError):
     """The model's request queue is full; the caller should skip this item."""
 
 
+class NotReadyError(QueueFullError):
+    """The engine is still preparing for this item (a frame size met for the first time); skip it like a full
+    queue: the next frames will find it ready."""
+
+
 class ModelClosedError(RuntimeError):
     """The model was closed before this request ran."""
 

@@ -35,6 +35,7 @@ import onnx
 from pipeline.core.types import FrameImage
 from pipeline.inference.backend import BackendError
 from pipeline.inference.batching import BatchedModel
+from pipeline.inference.format_gate import FormatGate
 from pipeline.inference.frame_faces import (
     FrameResult,
     KeptFaces,
@@ -275,24 +276,33 @@ class FramePerception:
         self.engine = engine
         self.frames_in_flight = frames_in_flight  # per camera (inference.frames_in_flight, resolved)
         self._timeout = result_timeout_s
+        self._formats = FormatGate(lambda fmt: self.model.on_lanes(lambda lane: self.engine.prepare(fmt, lane)))
 
     def models(self) -> list[tuple[str, BatchedModel]]:
         return [("frames", self.model)]
 
     def prepare(self, fmt: FrameFormat) -> None:
         """Build and warm a frame format's graphs on every lane before frames of that size arrive (otherwise the
-        first batch of a new size pays for it, seconds on a GPU)."""
-        self.model.on_lanes(lambda lane: self.engine.prepare(fmt, lane))
+        cameras of that size skip frames while it is prepared in the background: see format_gate)."""
+        self._formats.prepare_now(fmt)
+
+    def is_ready(self, fmt: FrameFormat) -> bool:
+        """Whether frames of this size are prepared on every lane."""
+        return self._formats.is_ready(fmt)
 
     def warm_up(self) -> None:
         """Nothing to warm before the cameras say their sizes: each format is prepared when first met (logged)."""
 
     def analyze(self, image: FrameImage) -> Analysis:
-        """Faces and emotions of one frame, with the batch's stage times and this frame's wait, in ms."""
+        """Faces and emotions of one frame, with the batch's stage times and this frame's wait, in ms (a frame size
+        not prepared yet is prepared first, on this thread)."""
+        self._formats.prepare_now(frame_format(image))
         return self.begin(image).result()
 
     def begin(self, image: FrameImage) -> PendingAnalysis:
-        """Hand the frame to the batcher and return at once (QueueFullError when its queue is full)."""
+        """Hand the frame to the batcher and return at once: QueueFullError when its queue is full, NotReadyError
+        while its frame size is being prepared (started by the first frame of that size)."""
+        self._formats.admit(frame_format(image))
         started = time.monotonic()
 
         def finish(result: FrameResult) -> Analysis:  # on the camera's thread

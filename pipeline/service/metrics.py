@@ -156,8 +156,8 @@ class _LiveCollector(Collector):
                                      labels=labels)
         age = GaugeMetricFamily(f"{PREFIX}_camera_last_frame_age_seconds", "Seconds since the last frame "
                                 "(absent before the first).", labels=labels)
-        busy = CounterMetricFamily(f"{PREFIX}_camera_busy_skips", "Frames skipped because a model queue was full.",
-                                   labels=labels)
+        busy = CounterMetricFamily(f"{PREFIX}_camera_busy_skips", "Frames skipped because a model queue was full "
+                                   "or their frame size was still being prepared.", labels=labels)
         errors = CounterMetricFamily(f"{PREFIX}_camera_analysis_errors", "Frames whose analysis failed.",
                                      labels=labels)
         state = GaugeMetricFamily(f"{PREFIX}_camera_state", "1 for the camera's current lifecycle state.",
