@@ -8,7 +8,6 @@ import threading
 import time
 from typing import Any
 
-import cv2
 import numpy as np
 import pytest
 
@@ -22,6 +21,7 @@ from pipeline.inference.settings import InferenceConfig
 from pipeline.service.worker import CameraWorker
 from pipeline.vision.track import IouTracker
 from tests.conftest import data_path
+from tests.test_frames_path import _frames
 
 
 def _perception(app_config: Any, frames_in_flight: int) -> FramePerception:
@@ -82,7 +82,7 @@ def test_a_new_frame_size_is_prepared_in_the_background(prepared_models: None, a
     """The first frame of a size starts its preparation and is refused at once (NotReadyError, a skip), instead of
     waiting behind it past the result timeout; once the size is ready, frames go through. analyze() (one-off
     analyses) prepares on the calling thread instead."""
-    frames = _frames(data_path("video", "woman2.mp4"))
+    frames = _frames(data_path("video", "woman2.mp4"), 3, 1)
     perception = _perception(app_config, 2)
     try:
         fmt = frame_format(frames[0])
@@ -101,14 +101,3 @@ def test_a_new_frame_size_is_prepared_in_the_background(prepared_models: None, a
     finally:
         perception.close()
 
-
-def _frames(path: Any) -> list[np.ndarray]:
-    cap = cv2.VideoCapture(str(path))
-    frames = []
-    while len(frames) < 3:
-        ok, frame = cap.read()
-        if not ok:
-            break
-        frames.append(frame)
-    cap.release()
-    return frames
