@@ -2,7 +2,7 @@
 # The GPU measurements of BENCHMARKS.md, run on the lent H200 (see ../shared/tools/gpu-machine.md for getting
 # onnxruntime-gpu there). Usage there, from the project root, with the prepared models/ and a copy of the test
 # videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
-#  frames-check | frames-probe | frames-pipeline | inflight | inflight-32)
+#  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
 set -uo pipefail
@@ -105,6 +105,20 @@ case "${1:-check}" in
       --device cuda --precision fp16 --detector-input 640x352 --max-batch 64 --lanes 1 --batch-step 2 --mode both \
       --decode gpu --frame-path graph --duration "${DURATION:-15}" --log-level warning --json "$OUT/new_32_both.json" \
       | tail -5
+    ;;
+  processes)  # issue 11 item 5's premise: 64 cameras as P processes of 64/P cameras each, run at the same time (each
+    # its own engine and GIL; the GPU shared by P CUDA contexts), against 1 x 64 in the same session
+    for procs in ${PROCS:-1 2 4}; do
+      cams=$(( ${TOTAL:-64} / procs ))
+      for i in $(seq 1 "$procs"); do
+        python3 run_pipeline.py bench pipeline --video "$PWD/.benchdata/video/group_1080p.mp4" --cameras "$cams" \
+          --fps 25 --device cuda --precision fp16 --detector-input 640x352 --max-batch 64 --lanes 1 --batch-step 2 \
+          --mode batched --decode gpu --frame-path graph --duration "${DURATION:-20}" --log-level warning \
+          --json "$OUT/procs${procs}_${i}.json" > "$OUT/procs${procs}_${i}.txt" 2>&1 &
+      done
+      wait
+      tail -n 2 "$OUT"/procs"${procs}"_*.txt
+    done
     ;;
   profile)  # which Python holds the GIL at CAMS cameras of 1080p on the frame graphs path (py-spy --gil, raw stacks)
     cams=${CAMS:-64}
