@@ -33,8 +33,7 @@ class WorkerStats:
     errors: int = 0
     faces: int = 0
     last_latency_ms: float = 0.0
-    in_flight: int = 0  # frames handed to the engine and not yet collected
-    most_in_flight: int = 0
+    most_in_flight: int = 0  # the most frames this camera had handed to the engine and not yet collected
     heartbeat: float = field(default_factory=time.monotonic)
 
 
@@ -61,7 +60,6 @@ class CameraWorker(threading.Thread):
             self.stats.heartbeat = time.monotonic()
             if pending and (pending[0][1].done() or len(pending) >= depth or slot.closed):
                 self._collect(*pending.popleft())
-                self.stats.in_flight = len(pending)
                 continue
             oldest = pending[0][1] if pending else None
             frame = slot.take_newer(last_index, timeout=0.25, unless=oldest.done if oldest else None)
@@ -74,7 +72,6 @@ class CameraWorker(threading.Thread):
             if begun is not None:
                 begun.add_done_callback(slot.wake)  # the wait above also ends when this frame's batch has run
                 pending.append((frame, begun))
-                self.stats.in_flight = len(pending)
                 self.stats.most_in_flight = max(self.stats.most_in_flight, len(pending))
 
     def _begin(self, frame: Frame) -> PendingAnalysis | None:
