@@ -257,6 +257,7 @@ class CaptureThread(threading.Thread):
     """One camera's lifecycle: start a reader → watch it → on failure, end or stall, retry with backoff."""
 
     POLL_S = 0.05
+    STREAMING_POLL_S = 0.25
 
     def __init__(self, cfg: CameraConfig, stop: threading.Event, on_event: Callable[[CameraEvent], None],
                  source_factory: Callable[[CameraConfig], VideoSource] = open_source) -> None:
@@ -345,19 +346,25 @@ class CaptureThread(threading.Thread):
         return True
 
     def _watch(self, session: ReadSession) -> SourceError | SourceEnded | None:
+        """Until the session ends, stalls or the camera stops. It looks every POLL_S until the first frame, then
+        every STREAMING_POLL_S or at the stall deadline, whichever is sooner: a 50 ms poll on every camera was
+        ~11 % of the GIL's busy time in a 24-camera run (py-spy), and the stop event ends the wait at once anyway."""
         stall_s = self.cfg.reconnect.stall_s
-        while not self._stop_event.wait(self.POLL_S):
+        wait_s = self.POLL_S
+        while not self._stop_event.wait(wait_s):
             if session.frames and self.state != "streaming":  # before the liveness check: a short session counts
                 self.set_state("streaming", session.description)
                 self._backoff.reset()
             if session.done.is_set():
                 return session.outcome or SourceError("source closed")
+            wait_s = self.POLL_S
             if session.frames:
                 silent = time.monotonic() - (self.last_frame_mono or session.started_mono)
                 if silent > stall_s:
                     self.stalls.mark()
                     self.set_state("stalled", f"no frame for {stall_s:g} s")
                     return SourceError("stalled")
+                wait_s = min(self.STREAMING_POLL_S, max(self.POLL_S, stall_s - silent))
             elif time.monotonic() - session.started_mono > OPEN_GRACE_S + stall_s:
                 return SourceError("no frame after opening")
         return None
