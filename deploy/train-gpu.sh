@@ -9,6 +9,8 @@
 #   2. the small candidates distilled from the teacher (and the "_rep" student from the "_rep" teacher, so the whole
 #      chain is reproduced end to end).
 # Usage there:  EPOCHS=80 bash deploy/train-gpu.sh      (SMALL, TEACHER, EXTRA override the sets of runs)
+# Recipe variants of one network instead (phase 1 only, in parallel, each NAME=OPTIONS separated by '|'):
+#   VARIANTS="ema=--ema 0.999|mixup=--mixup 0.2|both=--ema 0.999 --mixup 0.2" ARCH=resnet_t:64 bash deploy/train-gpu.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
 out=${TRAIN_OUT:-${OUT:-/tmp/out}}
@@ -26,6 +28,18 @@ run() {  # run NAME ARCH SIZE [more train_emotion.py options]: one training, its
     --epochs "$epochs" --seed "${SEED:-0}" "$@" 2> "$out/$name.log"
   echo "$name: $(tail -1 "$out/$name.log")"
 }
+
+if [ -n "${VARIANTS:-}" ]; then
+  arch=${ARCH:-resnet_t:64}
+  IFS='|' read -ra variants <<< "$VARIANTS"
+  for variant in "${variants[@]}"; do
+    # shellcheck disable=SC2086  # the options are meant to split into words
+    run "${arch/:/_}_${variant%%=*}" "${arch%:*}" "${arch#*:}" ${variant#*=} &
+  done
+  wait
+  echo "variants done $(date +%T)"
+  exit 0
+fi
 
 for spec in $small $extra; do run "${spec/:/_}" "${spec%:*}" "${spec#*:}" & done
 run "${teacher/:/_}" "${teacher%:*}" "${teacher#*:}" &

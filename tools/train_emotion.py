@@ -228,6 +228,8 @@ class Settings:
     seed: int
     distill_weight: float = 0.0
     distill_temperature: float = 4.0
+    ema: float = 0.0  # decay of an exponential moving average of the weights (0: none); the average is what is kept
+    mixup: float = 0.0  # alpha of mixup's Beta(alpha, alpha) blend of image pairs (0: none)
 
 
 def sampling_weights(labels: np.ndarray) -> np.ndarray:
@@ -275,11 +277,23 @@ def load_teacher(folder: Path, device: torch.device) -> Teacher:
     return Teacher(net.eval(), int(checkpoint["size"]))
 
 
+def mixed(x: torch.Tensor, labels: torch.Tensor, alpha: float, generator: torch.Generator,
+          rng: np.random.RandomState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """mixup: each image blended with another of the batch, lam ~ Beta(alpha, alpha) (seeded); the loss weighs both
+    labels by lam and 1 - lam. Returns (images, labels, partner labels, lam)."""
+    lam = float(rng.beta(alpha, alpha))
+    partner = torch.randperm(len(x), generator=generator, device=x.device)
+    return lam * x + (1 - lam) * x[partner], labels, labels[partner], lam
+
+
 def batch_loss(net: nn.Module, x: torch.Tensor, labels: torch.Tensor, settings: Settings,
-               teacher: Teacher | None) -> torch.Tensor:
-    """Label-smoothed cross-entropy, blended with the KL divergence to the teacher's softened output if any."""
+               teacher: Teacher | None, partner: torch.Tensor | None = None, lam: float = 1.0) -> torch.Tensor:
+    """Label-smoothed cross-entropy (of both labels, weighed by lam, under mixup), blended with the KL divergence to
+    the teacher's softened output if any."""
     logits = net(x).float()
     loss = F.cross_entropy(logits, labels, label_smoothing=settings.smoothing)
+    if partner is not None:
+        loss = lam * loss + (1 - lam) * F.cross_entropy(logits, partner, label_smoothing=settings.smoothing)
     if teacher is None or settings.distill_weight <= 0:
         return loss
     t = settings.distill_temperature
@@ -304,28 +318,45 @@ def train(settings: Settings, train_set: Split, val_set: Split, device: torch.de
                                 weight_decay=settings.weight_decay)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, settings.lr, total_steps=settings.epochs * steps,
                                                    pct_start=0.15)
+    kept = averaged(net, settings.ema)  # what is evaluated and exported: the net, or its moving average
+    mix_rng = np.random.RandomState(settings.seed)
     best: dict = {"val_acc": -1.0}
     for epoch in range(settings.epochs):
         net.train()
         started, total = time.monotonic(), 0.0
         for _ in range(steps):
             pick = torch.multinomial(weights, settings.batch, replacement=True, generator=generator)
-            x = normalise(augment(images[pick], settings.size, generator))
+            x, y, partner, lam = normalise(augment(images[pick], settings.size, generator)), labels[pick], None, 1.0
+            if settings.mixup > 0:
+                x, y, partner, lam = mixed(x, y, settings.mixup, generator, mix_rng)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                loss = batch_loss(net, x, labels[pick], settings, teacher)
+                loss = batch_loss(net, x, y, settings, teacher, partner, lam)
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()
             schedule.step()
+            if kept is not net:
+                kept.update_parameters(net)  # type: ignore[operator]
             total += float(loss.detach())
-        accuracy = float((logits_of(net, val_images, settings.size, True).argmax(1) == val_labels).float().mean())
+        model = kept.module if kept is not net else net
+        accuracy = float((logits_of(model, val_images, settings.size, True).argmax(1) == val_labels).float().mean())
         log.info("epoch %d/%d: loss %.4f, validation %.2f %% (flip), %.1f s", epoch + 1, settings.epochs,
                  total / steps, 100 * accuracy, time.monotonic() - started)
         if accuracy > best["val_acc"]:
             best = {"val_acc": accuracy, "epoch": epoch + 1,
-                    "state": {k: v.detach().clone() for k, v in net.state_dict().items()}}
+                    "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
     net.load_state_dict(best.pop("state"))
     return net, best
+
+
+def averaged(net: nn.Module, decay: float) -> nn.Module:
+    """An exponential moving average of `net`'s weights and BatchNorm statistics (decay per step), or `net` itself
+    when decay is 0. The average of the last few thousand steps usually generalises better than the last step."""
+    if decay <= 0:
+        return net
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    return AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
 
 
 # ----------------------------------------------------------------------------------------------- calibration
@@ -418,6 +449,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--teacher", type=Path, help="an earlier run's --out folder to distil from (checkpoint.pt)")
     parser.add_argument("--distill-weight", type=float, default=0.5, help="share of the teacher's loss (0.5)")
     parser.add_argument("--distill-temperature", type=float, default=4.0, help="softening of both outputs (4)")
+    parser.add_argument("--ema", type=float, default=0.0, help="keep an exponential moving average of the weights "
+                        "with this decay per step, e.g. 0.999 (default 0: the weights themselves)")
+    parser.add_argument("--mixup", type=float, default=0.0, help="mixup alpha, e.g. 0.2 (default 0: no mixup)")
     parser.add_argument("--val-fraction", type=float, default=0.1, help="validation hold-out per class (0.1)")
     parser.add_argument("--split-seed", type=int, default=20261201, help="seed of the hold-out (keep it fixed)")
     parser.add_argument("--limit", type=int, default=0, help="use only N random images (a smoke test)")
@@ -436,7 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     train_set, val_set = Split(images[train_idx], labels[train_idx]), Split(images[val_idx], labels[val_idx])
     log.info("%d training images, %d held out for validation", len(train_idx), len(val_idx))
     settings = Settings(args.arch, args.size, args.epochs, args.batch, args.lr, args.weight_decay, args.smoothing,
-                        args.seed, args.distill_weight if args.teacher else 0.0, args.distill_temperature)
+                        args.seed, args.distill_weight if args.teacher else 0.0, args.distill_temperature,
+                        args.ema, args.mixup)
     device = torch.device(args.device)
     teacher = load_teacher(args.teacher, device) if args.teacher else None
     started = time.monotonic()
