@@ -363,3 +363,32 @@ def test_a_batch_is_formed_when_a_lane_frees_up_and_takes_all_that_waited(  # ty
     np.testing.assert_allclose(first.result(timeout=WAIT_S)["probs"], reference[0], atol=1e-5)
     np.testing.assert_allclose(_results(waiting), reference[1:21], atol=1e-5)
     assert list(model.stats.batch_sizes) == [1, 20]
+
+
+def test_tasks_on_lanes_from_several_threads_do_not_interleave(make_backend, models) -> None:  # type: ignore[no-untyped-def]
+    """on_lanes from several threads at once (a frame size prepared in the background while analyze() prepares
+    another): each call's task runs once on every lane. Interleaved, two calls' tasks could each hold some lanes at
+    their barriers and wait for the others for good."""
+    model = BatchedModel(make_backend(), "emotion", max_batch=8, max_delay_ms=1.0, lanes=3)
+    models.append(model)
+    ran: list[tuple[int, int]] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def call(index: int) -> None:
+        def task(lane: int) -> None:
+            time.sleep(0.005)  # long enough for the other callers' tasks to queue up meanwhile
+            with lock:
+                ran.append((index, lane))
+        try:
+            model.on_lanes(task, timeout=WAIT_S)
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call, args=(index,)) for index in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT_S * 2)
+    assert not errors, errors
+    assert sorted(ran) == [(index, lane) for index in range(6) for lane in range(3)]

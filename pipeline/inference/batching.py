@@ -100,6 +100,7 @@ class BatchedModel:
         self._free_lanes = threading.Semaphore(self.lanes)  # taken by the collector per batch, given back by a runner
         self._lock = threading.Lock()
         self._submit_lock = threading.Lock()
+        self._lanes_lock = threading.Lock()  # one on_lanes call at a time
         self._collector = threading.Thread(target=self._collect_loop, name=f"batch-{name}", daemon=True)
         self._runners = [threading.Thread(target=self._run_loop, args=(lane,), name=f"lane-{name}-{lane}", daemon=True)
                          for lane in range(self.lanes)]
@@ -133,7 +134,14 @@ class BatchedModel:
         self.on_lanes(lambda lane: self.backend.warm_up(item_shape, dtype, lane), timeout)
 
     def on_lanes(self, task: Callable[[int], None], timeout: float = 300.0) -> None:
-        """Run `task(lane)` once on each lane's own runner thread, between batches; wait for all; re-raise a failure."""
+        """Run `task(lane)` once on each lane's own runner thread, between batches; wait for all; re-raise a failure.
+
+        Callers take turns (`_lanes_lock`): two calls' tasks queued at once could each be picked up by some of the
+        lanes, which would then wait at their two barriers for each other until the timeout."""
+        with self._lanes_lock:
+            self._on_lanes(task, timeout)
+
+    def _on_lanes(self, task: Callable[[int], None], timeout: float) -> None:
         barrier = threading.Barrier(self.lanes + 1)
         errors: list[BaseException] = []
 
