@@ -204,8 +204,9 @@ class InferenceConfig(StrictModel):
                                   "engine at once. 1: a camera hands over its next frame only when the previous "
                                   "one is analysed, so it analyses at most 1 / (queueing + batch time) frames per "
                                   "second. 2 or more: the next frame joins a batch while the previous one is "
-                                  "still running (results still come out in frame order), at the cost of a "
-                                  "little more latency when the engine is saturated. 0 = auto: 2 on the frame "
+                                  "still running (results still come out in frame order); when the engine is "
+                                  "saturated, frames then wait longer (p99 213-239 ms instead of 144-242 ms at "
+                                  "64 cameras on an H200, BENCHMARKS.md). 0 = auto: 2 on the frame "
                                   "graphs path with device cuda, else 1 (the OpenCV path analyses one frame at "
                                   "a time whatever this says).")
     threads: int = Field(0, ge=0, le=256, description="CPU threads per session; 0 = the library default.")

@@ -174,7 +174,9 @@ def _conv_halving(b: _Builder, frames: str, frame: FrameFormat, half: bool) -> s
     transpose: the frames seen as one-channel images of H x 3W, and a Conv with 2x6 kernels at stride 2x6 whose
     output channel c adds the four samples of channel c in each 2x2 block (weights 0.25 at columns c and c + 3), i.e.
     AveragePool's value. Exact: every product and partial sum is a multiple of 0.25 below 256, which float16 holds
-    exactly (float32 trivially). A stride-2 Conv, like AveragePool, drops an odd last row/column."""
+    exactly (float32 trivially), in whatever order the convolution adds them; on the H200 the letterbox of 32 and
+    64 frames came out byte for byte the same as with AveragePool (deploy/frame_graphs_probe.py's checksums). A
+    stride-2 Conv, like AveragePool, drops an odd last row/column."""
     dtype = np.float16 if half else np.float32
     x = b.op("Cast", frames, to=TensorProto.FLOAT16 if half else TensorProto.FLOAT)
     x = b.op("Reshape", x, b.const([-1, 1, frame.height, frame.width * 3], np.int64))
