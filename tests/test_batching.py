@@ -10,7 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -107,6 +107,15 @@ def models() -> Iterator[list[BatchedModel]]:
         model.close(timeout=2.0)
 
 
+def _run_threads(target: Callable[[int], None], count: int) -> None:
+    """`target(0)` … `target(count - 1)`, each on its own thread at once; wait for all (bounded)."""
+    threads = [threading.Thread(target=target, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT_S * 2)
+
+
 def _results(futures: list[Future]) -> np.ndarray:
     return np.stack([f.result(timeout=WAIT_S)["probs"] for f in futures])
 
@@ -128,11 +137,7 @@ def test_concurrent_submits_equal_unbatched_results(make_backend, crops, referen
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=camera, args=(w,)) for w in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(WAIT_S * 2)
+    _run_threads(camera, 8)
     assert not errors, errors
     assert sorted(got) == list(range(160))
     batched = np.stack([got[i] for i in range(160)])
@@ -385,10 +390,6 @@ def test_tasks_on_lanes_from_several_threads_do_not_interleave(make_backend, mod
         except BaseException as exc:  # noqa: BLE001 - collected and asserted below
             errors.append(exc)
 
-    threads = [threading.Thread(target=call, args=(index,)) for index in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(WAIT_S * 2)
+    _run_threads(call, 6)
     assert not errors, errors
     assert sorted(ran) == [(index, lane) for index in range(6) for lane in range(3)]
