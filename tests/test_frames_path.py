@@ -172,9 +172,9 @@ needs_cuda = pytest.mark.skipif(CUDA_PROBLEM is not None, reason=f"needs a CUDA 
 
 
 def _prepared_gpu(app_config: Any, frame: Any) -> FramePerception:
-    """The frame graphs on CUDA (two lanes), with the frames' format prepared first, as the daemon and bench do for
-    the sizes they know: building and warming a format's sessions takes longer than a frame's 10 s result timeout
-    the first time a process touches the GPU (measured on the H200: both first tests timed out while it ran)."""
+    """The frame graphs on CUDA (two lanes), with the frames' format prepared first, as bench does for the size it
+    knows: building and warming a format's sessions took longer than a frame's 10 s result timeout the first time a
+    process touched the GPU (on the H200 both first tests timed out while it ran)."""
     gpu = load_perception(_graph_config(app_config, device="cuda", lanes=2))
     if not isinstance(gpu, FramePerception):
         raise TypeError(f"frame_path graph gave {type(gpu).__name__}")
