@@ -44,24 +44,24 @@ class EmotionClassifier:
         return [self.model.submit(crop) for crop in crops]
 
     def scores(self, outputs: dict[str, np.ndarray]) -> EmotionScores:
-        probs = np.asarray(outputs[self._output], dtype=np.float32)[self._order]
-        return EmotionScores(probs / max(float(probs.sum()), 1e-9))
+        return EmotionScores(normalised(outputs[self._output][None], self._order, pairs=False)[0])
 
     def classify(self, crops: Sequence[np.ndarray], timeout: float = 10.0) -> list[EmotionScores]:
         """Submit every crop at once (they batch together) and wait for all; with flip, each crop's mirror image goes
         in the same batch and the two probability vectors are averaged."""
-        if not self.flip:
-            return [self.scores(f.result(timeout=timeout)) for f in self.submit(crops)]
-        mirrors = [np.ascontiguousarray(crop[:, ::-1]) for crop in crops]
-        futures = self.submit([*crops, *mirrors])
-        probs = [self._probs(f.result(timeout=timeout)) for f in futures]
-        return [EmotionScores(mean_of_pair(probs[i], probs[i + len(crops)])) for i in range(len(crops))]
-
-    def _probs(self, outputs: dict[str, np.ndarray]) -> np.ndarray:
-        return np.asarray(outputs[self._output], dtype=np.float32)[self._order]
+        mirrors = [np.ascontiguousarray(crop[:, ::-1]) for crop in crops] if self.flip else []
+        rows = [f.result(timeout=timeout)[self._output] for f in self.submit([*crops, *mirrors])]
+        if not rows:
+            return []
+        return [EmotionScores(row) for row in normalised(np.stack(rows), self._order, pairs=self.flip)]
 
 
-def mean_of_pair(first: np.ndarray, second: np.ndarray) -> np.ndarray:
-    """The average of a face's and its mirror's probabilities, normalised to sum to 1."""
-    mean = (np.asarray(first, np.float32) + np.asarray(second, np.float32)) / 2
-    return mean / max(float(mean.sum()), 1e-9)
+def normalised(probs: np.ndarray, order: np.ndarray, pairs: bool) -> np.ndarray:
+    """Classifier rows → probabilities in EMOTIONS order, each row summing to 1. `pairs`: the second half of the
+    rows are the first half's mirror images (emotion.flip), averaged with them. One formula for both frame paths
+    (the frame graphs path normalises a whole batch at once)."""
+    ordered = np.asarray(probs, np.float32)[:, order]
+    if pairs:
+        half = len(ordered) // 2
+        ordered = (ordered[:half] + ordered[half:]) / 2
+    return ordered / np.maximum(ordered.sum(axis=1, keepdims=True), 1e-9)

@@ -26,7 +26,7 @@ class FormatGate:
     def __init__(self, prepare: Callable[[FrameFormat], None]) -> None:
         self._prepare = prepare
         self._ready: set[FrameFormat] = set()
-        self._preparing: dict[FrameFormat, threading.Thread] = {}
+        self._preparing: set[FrameFormat] = set()  # started in the background, not ready yet
         self._lock = threading.Lock()
 
     def is_ready(self, fmt: FrameFormat) -> bool:
@@ -40,10 +40,9 @@ class FormatGate:
             if fmt in self._ready:
                 return
             if fmt not in self._preparing:
-                thread = threading.Thread(target=self._prepare_in_background, args=(fmt,), daemon=True,
-                                          name=f"prepare-{fmt.width}x{fmt.height}")
-                self._preparing[fmt] = thread
-                thread.start()
+                self._preparing.add(fmt)
+                threading.Thread(target=self._prepare_in_background, args=(fmt,), daemon=True,
+                                 name=f"prepare-{fmt.width}x{fmt.height}").start()
         raise NotReadyError(f"{fmt.width}x{fmt.height} {fmt.order} frames are being prepared")
 
     def prepare_now(self, fmt: FrameFormat) -> None:
@@ -66,4 +65,4 @@ class FormatGate:
             log.info("%dx%d %s frames ready in %.1f s", fmt.width, fmt.height, fmt.order, time.monotonic() - started)
         with self._lock:
             self._ready.add(fmt)
-            self._preparing.pop(fmt, None)
+            self._preparing.discard(fmt)

@@ -51,16 +51,6 @@ def kept_faces(score: np.ndarray, box: np.ndarray, landmarks: np.ndarray, frame_
                      np.asarray(landmarks, np.float32)[frame, index], np.concatenate([[0], np.cumsum(per_frame)]))
 
 
-def normalised(probs: np.ndarray, order: np.ndarray, pairs: bool) -> np.ndarray:
-    """Classifier rows → probabilities in EMOTIONS order, each row summing to 1. `pairs`: the second half of the
-    rows are the first half's mirror images (emotion.flip), averaged with them (classifier.mean_of_pair's formula)."""
-    ordered = np.asarray(probs, np.float32)[:, order]
-    if pairs:
-        half = len(ordered) // 2
-        ordered = (ordered[:half] + ordered[half:]) / 2
-    return ordered / np.maximum(ordered.sum(axis=1, keepdims=True), 1e-9)
-
-
 @dataclass(frozen=True)
 class FrameResult:
     """One frame's kept faces and their probabilities as arrays (views into the batch's), and the batch's stage

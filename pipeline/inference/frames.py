@@ -35,13 +35,9 @@ import onnx
 from pipeline.core.types import FrameImage
 from pipeline.inference.backend import BackendError
 from pipeline.inference.batching import BatchedModel
+from pipeline.inference.classifier import normalised
 from pipeline.inference.format_gate import FormatGate
-from pipeline.inference.frame_faces import (
-    FrameResult,
-    KeptFaces,
-    kept_faces,
-    normalised,
-)
+from pipeline.inference.frame_faces import FrameResult, KeptFaces, kept_faces
 from pipeline.inference.pending import Analysis, PendingAnalysis
 from pipeline.inference.settings import DetectorConfig, EmotionConfig, InferenceConfig
 from pipeline.modelprep.frame_graphs import (
