@@ -2,7 +2,7 @@
 # The GPU measurements of BENCHMARKS.md, run on the lent H200 (see ../shared/tools/gpu-machine.md for getting
 # onnxruntime-gpu there). Usage there, from the project root, with the prepared models/ and a copy of the test
 # videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
-#  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes)
+#  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | ab | profile)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
 set -uo pipefail
@@ -107,7 +107,13 @@ case "${1:-check}" in
       | tail -5
     ;;
   processes)  # issue 11 item 5's premise: 64 cameras as P processes of 64/P cameras each, run at the same time (each
-    # its own engine and GIL; the GPU shared by P CUDA contexts), against 1 x 64 in the same session
+    # its own engine and GIL; the GPU shared by P CUDA contexts), against 1 x 64 in the same session. MPS=1 runs them
+    # as clients of NVIDIA's Multi-Process Service (one daemon started here and stopped after; no device setting changed)
+    if [ -n "${MPS:-}" ]; then
+      export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+      mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" && nvidia-cuda-mps-control -d && echo "MPS daemon up"
+      trap 'echo quit | nvidia-cuda-mps-control; cp "$CUDA_MPS_LOG_DIRECTORY"/*.log "$OUT/" 2>/dev/null' EXIT
+    fi
     for procs in ${PROCS:-1 2 4}; do
       cams=$(( ${TOTAL:-64} / procs ))
       for i in $(seq 1 "$procs"); do
@@ -118,6 +124,19 @@ case "${1:-check}" in
       done
       wait
       tail -n 2 "$OUT"/procs"${procs}"_*.txt
+    done
+    ;;
+  ab)  # this tree against BASE=DIR (a copy of an older commit), 64 cameras of 1080p on the frame graphs path, run
+    # alternately (new, base, new, base) in one session so drift shows
+    common="--fps 25 --device cuda --precision fp16 --detector-input 640x352 --max-batch 64 --lanes 1 --batch-step 2 \
+      --mode batched --decode gpu --frame-path graph --duration ${DURATION:-15} --log-level warning"
+    group="$PWD/.benchdata/video/group_1080p.mp4"
+    cp -n models/*.onnx models/*.json "$BASE/models/" 2>/dev/null
+    for round in ${ROUNDS:-1 2}; do
+      python3 run_pipeline.py bench pipeline --video "$group" --cameras "${CAMS:-64}" $common \
+        --json "$OUT/ab_new_$round.json" | tail -2
+      (cd "$BASE" && PYTHONPATH="$HOME/site:$PWD" python3 run_pipeline.py bench pipeline --video "$group" \
+        --cameras "${CAMS:-64}" $common --json "$OUT/ab_base_$round.json" | tail -2)
     done
     ;;
   profile)  # which Python holds the GIL at CAMS cameras of 1080p on the frame graphs path (py-spy --gil, raw stacks)

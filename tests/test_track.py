@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pipeline.core.types import Detection, EmotionScores
-from pipeline.vision.track import IouTracker, iou_matrix
+from pipeline.vision.track import IouTracker, box_iou
 
 FPS = 30.0
 DT = 1.0 / FPS
@@ -26,41 +26,69 @@ def scores(*probs: float) -> EmotionScores:
     return EmotionScores(np.asarray(probs, dtype=np.float32))
 
 
-# --- iou_matrix -----------------------------------------------------------------------------------------------------
+# --- box_iou -------------------------------------------------------------------------------------------------------
 
 
-def test_iou_identical_boxes_is_one_and_disjoint_is_zero() -> None:
-    a = np.array([[10, 20, 50, 80], [0, 0, 4, 4]], dtype=float)
-    b = np.array([[10, 20, 50, 80], [100, 100, 120, 130], [4, 0, 8, 4]], dtype=float)  # last one only touches a[1]
-    m = iou_matrix(a, b)
-    assert m.shape == (2, 3)
-    expected = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
-    np.testing.assert_allclose(m, expected, atol=1e-12)
+def test_iou_identical_boxes_is_one_and_disjoint_or_touching_is_zero() -> None:
+    assert box_iou((10, 20, 50, 80), (10, 20, 50, 80)) == pytest.approx(1.0, abs=1e-12)
+    assert box_iou((10, 20, 50, 80), (100, 100, 120, 130)) == 0.0
+    assert box_iou((0, 0, 4, 4), (4, 0, 8, 4)) == 0.0  # only an edge in common
 
 
-def test_iou_half_overlap_exact_values() -> None:
+def test_iou_exact_values_and_symmetry() -> None:
     # 4x2 boxes shifted by half their width: inter = 2*2 = 4, union = 8 + 8 - 4 = 12 -> 1/3
-    a = np.array([[0, 0, 4, 2]], dtype=float)
-    b = np.array([[2, 0, 6, 2]], dtype=float)
-    assert iou_matrix(a, b)[0, 0] == pytest.approx(1.0 / 3.0, abs=1e-12)
+    assert box_iou((0, 0, 4, 2), (2, 0, 6, 2)) == pytest.approx(1.0 / 3.0, abs=1e-12)
     # a box containing another of half its area: inter = 50, union = 100 -> 0.5
-    c = np.array([[0, 0, 10, 10]], dtype=float)
-    d = np.array([[0, 0, 10, 5]], dtype=float)
-    assert iou_matrix(c, d)[0, 0] == pytest.approx(0.5, abs=1e-12)
+    assert box_iou((0, 0, 10, 10), (0, 0, 10, 5)) == pytest.approx(0.5, abs=1e-12)
     # quarter overlap in both axes: inter = 5*5 = 25, union = 100 + 100 - 25 = 175
-    e = np.array([[5, 5, 15, 15]], dtype=float)
-    assert iou_matrix(c, e)[0, 0] == pytest.approx(25.0 / 175.0, abs=1e-12)
-    # symmetric
-    np.testing.assert_allclose(iou_matrix(np.vstack([a, c]), np.vstack([b, d, e])),
-                               iou_matrix(np.vstack([b, d, e]), np.vstack([a, c])).T, atol=1e-12)
+    assert box_iou((0, 0, 10, 10), (5, 5, 15, 15)) == pytest.approx(25.0 / 175.0, abs=1e-12)
+    boxes = [(0, 0, 4, 2), (2, 0, 6, 2), (0, 0, 10, 10), (0, 0, 10, 5), (5, 5, 15, 15)]
+    for first in boxes:
+        for second in boxes:
+            assert box_iou(first, second) == pytest.approx(box_iou(second, first), abs=1e-12)
 
 
-def test_iou_empty_inputs_have_the_right_shape() -> None:
-    boxes = np.array([[0, 0, 1, 1], [1, 1, 2, 2], [2, 2, 3, 3]], dtype=float)
-    empty = np.zeros((0, 4))
-    assert iou_matrix(empty, boxes).shape == (0, 3)
-    assert iou_matrix(boxes, empty).shape == (3, 0)
-    assert iou_matrix(empty, empty).shape == (0, 0)
+def numpy_greedy_match(faces: list[tuple[float, ...]], tracks: list[tuple[float, ...]], threshold: float) -> list:
+    """The tracker's matching as it was written with numpy before 2026-12-01 (IoU matrix, argsort, greedy)."""
+    a, b = np.array(faces, dtype=float), np.array(tracks, dtype=float)
+    x1 = np.maximum(a[:, None, 0], b[None, :, 0])
+    y1 = np.maximum(a[:, None, 1], b[None, :, 1])
+    x2 = np.minimum(a[:, None, 2], b[None, :, 2])
+    y2 = np.minimum(a[:, None, 3], b[None, :, 3])
+    inter = np.clip(x2 - x1, 0, None) * np.clip(y2 - y1, 0, None)
+    area_a = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1])
+    area_b = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
+    overlap = inter / np.maximum(area_a[:, None] + area_b[None, :] - inter, 1e-9)
+    matched: list = [None] * len(faces)
+    for flat in np.argsort(-overlap, axis=None, kind="stable"):
+        face_i, track_i = np.unravel_index(flat, overlap.shape)
+        if overlap[face_i, track_i] < threshold:
+            break
+        if matched[face_i] is None and track_i not in matched:
+            matched[face_i] = int(track_i)
+    return matched
+
+
+def test_matching_is_the_numpy_greedy_matching_on_random_crowds() -> None:
+    """Many random crowds of overlapping faces, moved a little between two frames: the same face gets the same
+    track as the numpy formulation it replaced would give (new tracks where that one found none)."""
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        count = int(rng.integers(1, 9))
+        xy = rng.uniform(0, 300, size=(count, 2))
+        size = rng.uniform(20, 120, size=(count, 1))
+        before = np.hstack([xy, xy + size])
+        after = before + rng.normal(0, 15, size=before.shape)
+        after = after[rng.permutation(count)][: int(rng.integers(1, count + 1))]
+        tracker = IouTracker(iou_threshold=0.3)
+        first_ids = tracker.update([face(*box) for box in before], 0.0)
+        ids = tracker.update([face(*box) for box in after], DT)
+        expected = numpy_greedy_match([tuple(b) for b in after], [tuple(b) for b in before], 0.3)
+        for got, track_i in zip(ids, expected):
+            if track_i is None:
+                assert got not in first_ids
+            else:
+                assert got == first_ids[track_i]
 
 
 # --- ids ------------------------------------------------------------------------------------------------------------
@@ -88,8 +116,8 @@ def test_crossing_faces_keep_distinct_ids() -> None:
         a, b = moved(a0, 4.0 * frame), moved(b0, -4.0 * frame)
         if prev_a is not None:
             # precondition of the scenario: each face overlaps its own previous box more than the other's
-            m = iou_matrix(np.array([a.box, b.box]), np.array([prev_a.box, prev_b.box]))
-            assert m[0, 0] > m[0, 1] and m[1, 1] > m[1, 0]
+            assert box_iou(a.box, prev_a.box) > box_iou(a.box, prev_b.box)
+            assert box_iou(b.box, prev_b.box) > box_iou(b.box, prev_a.box)
         order = [a, b] if frame % 2 == 0 else [b, a]  # the list order must not decide the matching
         ids = tracker.update(order, frame * DT)
         got_a, got_b = (ids[0], ids[1]) if frame % 2 == 0 else (ids[1], ids[0])
