@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 from pipeline.behavior.avatar_mapper import BehaviorRouter
 from pipeline.capture.source_base import VideoSource
-from pipeline.capture.sources import open_source
 from pipeline.capture.thread import CaptureThread
 from pipeline.config.app import AppConfig, CameraConfig, ConfigError, load_config
 from pipeline.core.redact import mask_secrets
@@ -49,6 +48,12 @@ from pipeline.service.cameras import (
     ObservationQueue,
     PreviewingWorker,
 )
+from pipeline.service.groups import (
+    CameraGroup,
+    GroupHandlers,
+    start_groups,
+    stop_groups,
+)
 from pipeline.service.lifecycle import close_sinks, join_all, run_bounded
 from pipeline.service.logs import setup_logging
 from pipeline.service.metrics import PipelineMetrics
@@ -60,6 +65,7 @@ from pipeline.service.parts import (
     load_perception,
     new_tracker,
     open_all_sinks,
+    open_camera_source,
     set_rtsp_transport,
     warn_if_events_unseen,
 )
@@ -112,6 +118,7 @@ class Daemon:
         self.sinks: list[Sink] = []
         self.bus = EventBus([])
         self.cameras: dict[str, Camera] = {}  # replaced, never mutated: other threads iterate it
+        self.groups: list[CameraGroup] = []  # inference.processes > 1: the cameras run in these processes instead
         self.observations = ObservationQueue(OBSERVATION_QUEUE, self.counters)
         self._cameras_left: queue.SimpleQueue[str] = queue.SimpleQueue()  # camera events → the behaviour thread
         self.mapper = BehaviorRouter(cfg.behavior, cfg.avatars)
@@ -149,7 +156,11 @@ class Daemon:
         if self.cfg.server.enabled:
             self.server = self.new_server(self.cfg)
             self.server.start()
-        self.perception = load_perception(self.cfg)
+        grouped = self.cfg.inference.processes > 1
+        groups = self.new_groups(self.cfg) if grouped else []
+        self.groups = groups  # stopped by stop() whatever fails next
+        if not grouped:
+            self.perception = load_perception(self.cfg)
         self.sinks = open_all_sinks(self.cfg, self.hub, STOP_BUDGET["outputs"])
         self.bus = EventBus(self.sinks)
         configure_hub(self.hub, self.cfg)
@@ -157,16 +168,25 @@ class Daemon:
         self.started = True
         set_rtsp_transport(self.cfg)
         limit_opencv_threads(self.cfg)
-        for cam_cfg in enabled_cameras(self.cfg).values():
-            self.start_camera(cam_cfg)
+        if grouped:
+            for group in groups:
+                group.go()
+        else:
+            for cam_cfg in enabled_cameras(self.cfg).values():
+                self.start_camera(cam_cfg)
         self.ready = True
         self.notifier.ready(status_line(self.snapshot()))
-        log.info("running: %d camera(s), outputs: %s", len(self.cameras),
+        log.info("running: %d camera(s), outputs: %s", len(enabled_cameras(self.cfg)),
                  ", ".join(label for label, _ in label_sinks(self.sinks)) or "none")
 
     def new_server(self, cfg: AppConfig) -> StatusServer:
         """A status server (not started) for `cfg.server`, given only what it serves, never the daemon."""
         return StatusServer(cfg.server, self.snapshot, self.metrics.render, self.hub, self.previews)
+
+    def new_groups(self, cfg: AppConfig) -> list[CameraGroup]:
+        """The camera group processes of `cfg` with their models loaded, cameras not yet started (each group's go())."""
+        handlers = GroupHandlers(self._on_observation, self._publish_camera_event)
+        return start_groups(cfg, list(enabled_cameras(cfg).values()), handlers, self.stop_event, self.log_level)
 
     def new_worker(self, capture: CaptureThread, tracker: IouTracker, stop: threading.Event) -> CameraWorker:
         if self.perception is None:
@@ -176,9 +196,7 @@ class Daemon:
     def _open_source(self, cam_cfg: CameraConfig) -> VideoSource:
         """Open a camera's source; `decode: auto` decodes on the GPU while the models run on one (read at each
         open, so a reload that moves the models takes effect at each camera's next reconnect or restart)."""
-        inference = self.cfg.inference
-        return open_source(cam_cfg, gpu_active=inference.device != "cpu",
-                           device_frames=inference.graph_frames and inference.device == "cuda")
+        return open_camera_source(self.cfg.inference, cam_cfg)
 
     def start_camera(self, cam_cfg: CameraConfig) -> None:
         capture_stop, worker_stop = threading.Event(), threading.Event()
@@ -202,6 +220,10 @@ class Daemon:
         cam = self.cameras.get(event.camera)
         if cam is not None:
             cam.note_event(event)  # keeps the failure reason for the camera's view (status page, /api/status)
+        self._publish_camera_event(event)
+
+    def _publish_camera_event(self, event: CameraEvent) -> None:
+        """A camera's event to the outputs and behaviour (a group process noted its failure reason itself)."""
         self.bus.publish(camera_event(event))
         if event.state in LEFT_STREAMING:
             self._cameras_left.put(event.camera)  # the mapper is the behaviour thread's: it reads this queue
@@ -251,7 +273,7 @@ class Daemon:
         return snapshot_event(cameras, {name: current.get(name) for name in streams})
 
     def _workers_alive(self) -> bool:
-        return any(cam.worker.is_alive() for cam in self.cameras.values())
+        return any(cam.worker.is_alive() for cam in self.cameras.values()) or any(g.alive() for g in self.groups)
 
     # ------------------------------------------------------------------ snapshot
 
@@ -263,19 +285,22 @@ class Daemon:
             taken_mono=now, cfg=cfg, ready=self.ready, started=self.started, started_mono=self.started_mono,
             config_path=str(self.config_path) if self.config_path else None,
             config_loaded_at=self.config_loaded_at, reloads=dict(self.reloads), commands_sent=self.commands_sent,
-            recent_commands=tuple(self.recent_commands), observations_dropped=self.counters.observations_dropped,
+            recent_commands=tuple(self.recent_commands),
+            observations_dropped=self.counters.observations_dropped + sum(g.observations_dropped for g in self.groups),
             preview_fps=cfg.server.preview_fps, preview_renders=self.previews.renders, ws_enabled=self.hub.enabled,
             ws_clients=self.hub.client_count, ws_clients_dropped=self.hub.clients_dropped,
             mapper_alive=self.mapper_thread.is_alive(), mapper_heartbeat=self.mapper_heartbeat,
             server_present=server is not None, server_alive=server is not None and server.is_alive(),
-            cameras=tuple(cam.view(now) for cam in list(self.cameras.values())),
+            cameras=tuple(cam.view(now) for cam in list(self.cameras.values()))
+            + tuple(view for group in self.groups for view in group.view_cameras()),
             models=self._model_views(), outputs=self._output_views())
 
     def _model_views(self) -> tuple[ModelView, ...]:
+        remote = tuple(model for group in self.groups for model in group.models)
         perception = self.perception
         if perception is None:
-            return ()
-        return tuple(model_view(role, model) for role, model in perception.models())
+            return remote
+        return tuple(model_view(role, model) for role, model in perception.models()) + remote
 
     def _output_views(self) -> tuple[OutputView, ...]:
         return tuple(OutputView(label, sink.type_name, sink.sent, sink.dropped, sink.failed, sink.is_alive(),
@@ -297,7 +322,7 @@ class Daemon:
             if deadline is not None and now >= deadline:
                 log.info("duration reached, stopping")
                 break
-            if self.cameras and not any(cam.capture.is_alive() for cam in self.cameras.values()):
+            if self._every_camera_ended():
                 log.info("every camera has ended, stopping")
                 break
             snapshot = self.snapshot()
@@ -312,6 +337,11 @@ class Daemon:
             self.stop_event.wait(TICK_S)
         self.stop()
         return 0
+
+    def _every_camera_ended(self) -> bool:
+        if self.groups:
+            return all(group.ended for group in self.groups)
+        return bool(self.cameras) and not any(cam.capture.is_alive() for cam in self.cameras.values())
 
     def _feed_watchdog(self, snapshot: DaemonSnapshot, now: float, due: float) -> float:
         """WATCHDOG=1 when due and every stage beats; a wedged stage withholds it (systemd then restarts us)."""
@@ -403,10 +433,16 @@ class Daemon:
         self.bus.publish(config_event("rejected", self.config_path, errors=errors))
 
     def _apply(self, new: AppConfig, plan: ReloadPlan) -> None:
-        """Prepare what can fail (models, outputs, server) first; only then swap, so a failure changes nothing."""
-        perception = load_perception(new) if plan.models else None
+        """Prepare what can fail (models, outputs, server) first; only then swap, so a failure changes nothing.
+        With camera groups, new group processes load their models beside the running ones (which keep analysing
+        until the swap)."""
+        grouped, regroup = new.inference.processes > 1, self._regroups(new, plan)
+        perception = load_perception(new) if plan.models and not grouped else None
         sinks: list[Sink] | None = None
+        groups: list[CameraGroup] | None = None
         try:
+            if regroup and grouped:
+                groups = self.new_groups(new)
             if plan.outputs:
                 sinks = open_all_sinks(new, self.hub, STOP_BUDGET["outputs"])
             if plan.server == "restart":
@@ -416,10 +452,19 @@ class Daemon:
                 perception.close()
             if sinks:
                 close_sinks(sinks, CLOSE_TIMEOUT_S)
+            if groups:
+                stop_groups(groups, CLOSE_TIMEOUT_S)
             raise
-        self._swap(new, plan, perception, sinks)
+        self._swap(new, plan, perception, sinks, groups if regroup else None)
 
-    def _swap(self, new: AppConfig, plan: ReloadPlan, perception: Analyzer | None, sinks: list[Sink] | None) -> None:
+    def _regroups(self, new: AppConfig, plan: ReloadPlan) -> bool:
+        """Whether the reload moves cameras into new group processes or back into this one: with groups before or
+        after it, any change of cameras, models or tracking starts the camera side over."""
+        touched = plan.models or plan.tracking or plan.added or plan.removed or plan.changed
+        return bool(touched) and (bool(self.groups) or new.inference.processes > 1)
+
+    def _swap(self, new: AppConfig, plan: ReloadPlan, perception: Analyzer | None, sinks: list[Sink] | None,
+              groups: list[CameraGroup] | None = None) -> None:
         """The part of a reload that cannot fail: settings, outputs, behaviour, then cameras and workers."""
         if plan.server == "live" and self.server is not None:
             self.server.update(new.server)
@@ -435,6 +480,9 @@ class Daemon:
             self.mapper = BehaviorRouter(new.behavior, new.avatars)
             self.current = {}
         self.cfg = new
+        if groups is not None or (self.groups and self._regroups(new, plan)):
+            self._regroup(new, perception, groups)
+            return
         for name in plan.removed + plan.changed:
             self.stop_camera(name)
         if perception is not None or plan.tracking:
@@ -443,6 +491,25 @@ class Daemon:
         cams = enabled_cameras(new)
         for name in plan.changed + plan.added:
             self.start_camera(cams[name])
+
+    def _regroup(self, new: AppConfig, perception: Analyzer | None, groups: list[CameraGroup] | None) -> None:
+        """Stop the cameras wherever they run (group processes or this one), then start them as `new` says: in the
+        new groups (prepared by _apply), or here on `perception`."""
+        stop_groups(self.groups, JOIN_TIMEOUT_S)
+        self.groups = []
+        for name in list(self.cameras):
+            self.stop_camera(name)
+        old, self.perception = self.perception, perception  # None when the groups hold the models
+        if old is not None:
+            run_bounded(old.close, CLOSE_TIMEOUT_S, "previous models")
+        if groups is not None:
+            self.groups = groups
+            for group in groups:
+                group.go()
+            return
+        set_rtsp_transport(new)
+        for cam_cfg in enabled_cameras(new).values():
+            self.start_camera(cam_cfg)
 
     def _restart_server(self, new: AppConfig) -> None:
         """Host, port or enabled changed: rebind. If the new address fails, the old server comes back."""
@@ -500,6 +567,7 @@ class Daemon:
             cam.signal_stop()
         join_all([cam.capture for cam in cams], STOP_BUDGET["cameras"])
         join_all([cam.worker for cam in cams], STOP_BUDGET["workers"])
+        stop_groups(self.groups, STOP_BUDGET["cameras"] + STOP_BUDGET["workers"] + STOP_BUDGET["models"])
         if self.perception is not None:
             run_bounded(self.perception.close, STOP_BUDGET["models"], "models")
         if self.mapper_thread.is_alive():

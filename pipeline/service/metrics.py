@@ -78,12 +78,12 @@ class PipelineMetrics:
         batches, items = stats.batches, stats.items
         new_batches, new_items = batches - seen_batches, items - seen_items
         if new_batches > 0:
-            for size in _tail(stats.batch_sizes, new_batches):
+            for size in deque_tail(stats.batch_sizes, new_batches):
                 self.batch_size.labels(name).observe(size)
-            for ms in _tail(stats.recent_compute_ms, new_batches):
+            for ms in deque_tail(stats.recent_compute_ms, new_batches):
                 self.compute_time.labels(name).observe(ms / 1000.0)
         if new_items > 0:
-            for ms in _tail(stats.recent_queue_ms, new_items):
+            for ms in deque_tail(stats.recent_queue_ms, new_items):
                 self.queue_time.labels(name).observe(ms / 1000.0)
         self._cursors[name] = (id(stats), batches, items)
 
@@ -92,7 +92,7 @@ class PipelineMetrics:
         return generate_latest(self.registry)
 
 
-def _tail(values: Iterable[float], count: int) -> list[float]:
+def deque_tail(values: Iterable[float], count: int) -> list[float]:
     """The last `count` entries of a deque another thread appends to (copied first; retried if it moved)."""
     for _ in range(3):
         try:

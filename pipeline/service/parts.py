@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import cv2
 
-from pipeline.capture.sources import configure_ffmpeg
+from pipeline.capture.sources import configure_ffmpeg, open_source
 from pipeline.inference.perception import Analyzer
 from pipeline.inference.perception import load_perception as build_perception
 from pipeline.outputs.base import AvatarRoute
@@ -27,7 +27,9 @@ from pipeline.service.lifecycle import close_sinks
 from pipeline.vision.track import IouTracker
 
 if TYPE_CHECKING:
-    from pipeline.config.app import AppConfig
+    from pipeline.capture.source_base import VideoSource
+    from pipeline.config.app import AppConfig, CameraConfig
+    from pipeline.inference.settings import InferenceConfig
     from pipeline.outputs.base import Sink
     from pipeline.outputs.websocket import EventHub
 
@@ -49,6 +51,13 @@ def load_perception(cfg: AppConfig) -> Analyzer:
         perception.close()
         raise
     return perception
+
+
+def open_camera_source(inference: InferenceConfig, cam_cfg: CameraConfig) -> VideoSource:
+    """Open a camera's source; `decode: auto` decodes on the GPU while the models run on one, and NVDEC frames stay on
+    the device when the frame graphs read them there."""
+    return open_source(cam_cfg, gpu_active=inference.device != "cpu",
+                       device_frames=inference.graph_frames and inference.device == "cuda")
 
 
 def open_sinks(outputs: list[Any], hub: EventHub, close_timeout_s: float, presets: Sequence[str] = (),

@@ -1,0 +1,404 @@
+"""Camera groups in processes of their own (`inference.processes` > 1): one GIL and one engine per group.
+
+Why: one Python process runs out of GIL long before a big GPU runs out of work. At 64 cameras of 1080p an H200
+analysed 64-68 % of the frames in one process while its GPU was 37-44 % busy; the same cameras as 4 processes of 16
+analysed every frame (p99 21 ms), provided the processes shared the GPU through NVIDIA's Multi-Process Service.
+Without MPS the GPU time-slices between the processes' contexts and 2 or 4 processes analysed no more than one
+(BENCHMARKS.md, "Camera groups in processes").
+
+A group process runs exactly what the daemon runs per camera in one process (capture thread, worker, tracker) over
+its own engine. The daemon keeps behaviour, outputs, status, metrics and reloads; it never sees a frame. Each group
+sends it, on one queue: observations and camera events as they happen, and twice a second the views of its cameras
+and models (what status, metrics and the watchdog read). A group that dies is started again with backoff (1 s
+doubling to 30 s) while the others keep running; its cameras' views then age, which status and the systemd
+watchdog report as they would a wedged thread.
+
+Start-up is two-step so a reload can prepare new groups before it stops the old ones: a group loads its models and
+says "ready" (or why it failed), then starts its cameras only when told to go.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import queue
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
+from multiprocessing.context import SpawnProcess
+from typing import Any
+
+from pipeline.capture.thread import CaptureThread
+from pipeline.config.app import AppConfig, CameraConfig
+from pipeline.core.redact import mask_secrets
+from pipeline.core.types import CameraEvent, Observation
+from pipeline.inference.backend import BackendError
+from pipeline.inference.batching import BatchStats
+from pipeline.inference.perception import Analyzer
+from pipeline.modelprep.manifest import ManifestError, ModelError
+from pipeline.service.cameras import Camera
+from pipeline.service.lifecycle import join_all, run_bounded
+from pipeline.service.logs import setup_logging
+from pipeline.service.metrics import deque_tail
+from pipeline.service.parts import (
+    limit_opencv_threads,
+    load_perception,
+    new_tracker,
+    open_camera_source,
+    set_rtsp_transport,
+)
+from pipeline.service.snapshot import CameraView, ModelView, model_view
+from pipeline.service.worker import CameraWorker
+
+log = logging.getLogger(__name__)
+
+VIEW_INTERVAL_S = 0.5
+QUEUE_SIZE = 1024  # messages a group may have in flight to the daemon; observations beyond are dropped (counted)
+BACKOFF_S = (1.0, 30.0)  # first and longest wait before a dead group is started again
+STEADY_S = 60.0  # a group that ran this long starts its backoff over when it dies
+# The group's own shutdown shares, within the daemon's budget for cameras, workers and models (1.9 s).
+GROUP_STOP = {"cameras": 0.8, "workers": 0.4, "models": 0.4}
+MODEL_ERRORS = (ModelError, BackendError, ManifestError)
+# BatchStats' recent lists and the counter each grows with: one entry per batch, or per item for the queue wait.
+_RECENT = {"batch_sizes": "batches", "recent_compute_ms": "batches", "recent_queue_ms": "items"}
+
+
+def camera_groups(cameras: Sequence[CameraConfig], processes: int) -> list[list[CameraConfig]]:
+    """Cameras dealt round-robin into at most `processes` groups (in config order, so a group's cameras are the same
+    at every start); no group is empty."""
+    groups: list[list[CameraConfig]] = [[] for _ in range(min(processes, len(cameras)))]
+    for index, cam in enumerate(cameras):
+        groups[index % len(groups)].append(cam)
+    return groups
+
+
+# ---------------------------------------------------------------------------------------------------- in the group
+
+
+class _GroupCameras:
+    """The group process's cameras over its own engine; what it learns goes to the daemon through `out`."""
+
+    def __init__(self, cfg: AppConfig, cameras: list[CameraConfig], perception: Analyzer, out: Any) -> None:
+        self.cfg, self.perception, self.out = cfg, perception, out
+        self.dropped = 0
+        self._sent: dict[str, tuple[int, int]] = {}  # per model: batches and items already described
+        self.cameras: dict[str, Camera] = {}
+        for cam_cfg in cameras:
+            capture_stop, worker_stop = threading.Event(), threading.Event()
+            capture = CaptureThread(cam_cfg, capture_stop, self._on_event,
+                                    lambda c: open_camera_source(cfg.inference, c))
+            worker = CameraWorker(capture, perception, new_tracker(cfg), self._on_observation, worker_stop)
+            self.cameras[cam_cfg.name] = Camera(cam_cfg, capture, worker, capture_stop, worker_stop)
+
+    def start(self) -> None:
+        for cam in self.cameras.values():
+            cam.capture.start()
+            cam.worker.start()
+
+    def _on_event(self, event: CameraEvent) -> None:
+        cam = self.cameras.get(event.camera)
+        if cam is not None:
+            cam.note_event(event)
+        self._send(("event", event))
+
+    def _on_observation(self, obs: Observation) -> None:
+        try:
+            self.out.put_nowait(("observation", obs))
+        except queue.Full:  # the daemon is not reading: behaviour wants what happens now, not a backlog
+            self.dropped += 1
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        try:
+            self.out.put(message, timeout=1.0)
+        except queue.Full:
+            log.warning("camera group: the daemon is not reading; %s message dropped", message[0])
+
+    def send_views(self) -> None:
+        now = time.monotonic()
+        cams = tuple(cam.view(now) for cam in self.cameras.values())
+        models = tuple(self._since_last(model_view(role, model)) for role, model in self.perception.models())
+        self._send(("views", cams, models, self.dropped))
+
+    def _since_last(self, view: ModelView) -> ModelView:
+        """The view with a copy of its counters, whose recent-batch lists hold only batches not sent before (the
+        daemon keeps the history; a message stays a few kB)."""
+        stats = view.stats
+        batches, items = self._sent.get(view.name, (0, 0))
+        self._sent[view.name] = (stats.batches, stats.items)
+        copy = replace(stats)
+        for name, fresh in _RECENT.items():
+            count = max(0, getattr(stats, fresh) - (batches if fresh == "batches" else items))
+            setattr(copy, name, deque(deque_tail(getattr(stats, name), count) if count else ()))
+        return replace(view, stats=copy)
+
+    def ended(self) -> bool:
+        return not any(cam.capture.is_alive() for cam in self.cameras.values())
+
+    def stop(self) -> None:
+        cams = list(self.cameras.values())
+        for cam in cams:
+            cam.signal_stop()
+        join_all([cam.capture for cam in cams], GROUP_STOP["cameras"])
+        join_all([cam.worker for cam in cams], GROUP_STOP["workers"])
+        run_bounded(self.perception.close, GROUP_STOP["models"], "models")
+
+
+def _ignore_signals() -> None:
+    """The daemon alone decides when a group stops, and tells it on the control pipe: Ctrl-C in a terminal and
+    systemd's SIGTERM reach every process of the group or unit, and SIGHUP is the daemon's to act on."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def _next_command(control: Connection, timeout: float | None) -> str | None:
+    """The daemon's next command ("go" or "stop"), None if none came within `timeout`; "stop" when the daemon is gone
+    (its end of the pipe closed). A pipe, not a shared Event: no lock that a killed process could leave held."""
+    try:
+        if not control.poll(timeout):
+            return None
+        return str(control.recv())
+    except (EOFError, OSError):
+        return "stop"
+
+
+def run_group(cfg: AppConfig, cameras: list[CameraConfig], out: Any, control: Connection,
+              log_level: str | None) -> None:
+    """A group process's main: load the models, say ready, start the cameras on "go", send views until "stop" (or
+    until every camera ended, or the daemon is gone)."""
+    _ignore_signals()
+    setup_logging(log_level or cfg.logging.level, cfg.logging.format)
+    set_rtsp_transport(cfg)
+    limit_opencv_threads(cfg)
+    try:
+        perception = load_perception(cfg)
+    except MODEL_ERRORS as exc:
+        out.put(("failed", mask_secrets(str(exc))))
+        return
+    group = _GroupCameras(cfg, cameras, perception, out)
+    out.put(("ready",))
+    if _next_command(control, None) != "go":
+        run_bounded(perception.close, GROUP_STOP["models"], "models")
+        return
+    group.start()
+    try:
+        while _next_command(control, VIEW_INTERVAL_S) is None:
+            group.send_views()
+            if group.ended():
+                break
+    finally:
+        group.stop()
+        group.send_views()
+        out.put(("ended",))
+
+
+# ------------------------------------------------------------------------------------------------- in the daemon
+
+
+@dataclass(frozen=True)
+class GroupHandlers:
+    """What the daemon does with a group's news (called on the group's reader thread)."""
+
+    observation: Callable[[Observation], None]
+    camera_event: Callable[[CameraEvent], None]
+
+
+class GroupStartError(ModelError):
+    """A group process could not load its models (the message says why) or died while loading them."""
+
+
+class CameraGroup:
+    """One group process as the daemon sees it: started, read on a thread, started again when it dies, stopped."""
+
+    def __init__(self, index: int, cfg: AppConfig, cameras: list[CameraConfig], handlers: GroupHandlers,
+                 log_level: str | None = None) -> None:
+        self.name = f"cameras-{index}"
+        self.cfg, self.cameras, self.handlers, self.log_level = cfg, cameras, handlers, log_level
+        self.views: tuple[CameraView, ...] = ()
+        self.models: tuple[ModelView, ...] = ()
+        self.observations_dropped = 0
+        self.restarts = 0
+        self.ended = False
+        self._stats: dict[str, BatchStats] = {}  # one object per model for metrics' cursors, fed by each view
+        self._ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited threads, CUDA or locks
+        self._stopping = threading.Event()
+        self._ready = threading.Event()
+        self._exited = threading.Event()  # the reader is done: the group stopped, ended or failed before go()
+        self._failure: str | None = None
+        self._launched_mono = 0.0
+        self._backoff = BACKOFF_S[0]
+        self._process: SpawnProcess | None = None
+        self._queue: Any = None
+        self._go = False  # the cameras may start (a process started again is told at once)
+        self._control: Connection | None = None
+        self._reader = threading.Thread(target=self._read_loop, name=f"group-{self.name}", daemon=True)
+
+    def start(self) -> None:
+        """Spawn the process and its reader; the process loads its models, then waits for go()."""
+        self._launch()
+        self._reader.start()
+
+    def _launch(self) -> None:
+        self._queue = self._ctx.Queue(QUEUE_SIZE)
+        self._ready.clear()
+        self._failure = None
+        receive, self._control = self._ctx.Pipe(duplex=False)
+        process = self._ctx.Process(target=run_group, name=f"emotion-{self.name}", daemon=True,
+                                    args=(self.cfg, self.cameras, self._queue, receive, self.log_level))
+        process.start()
+        receive.close()
+        self._process, self._launched_mono = process, time.monotonic()
+        if self._go:
+            self._command("go")
+        log.info("%s: process %d started for %s", self.name, process.pid, ", ".join(c.name for c in self.cameras))
+
+    def wait_ready(self, stop: threading.Event) -> None:
+        """Block until the group's models are loaded; GroupStartError if it failed (or `stop` was set first)."""
+        while not self._ready.wait(0.1):
+            if self._failure is not None:
+                raise GroupStartError(f"{self.name}: {self._failure}")
+            if self._exited.is_set():
+                code = self._process.exitcode if self._process is not None else None
+                raise GroupStartError(f"{self.name}: its process ended (exit code {code}) while loading the models; "
+                                      f"the log above says why")
+            if stop.is_set():
+                raise GroupStartError(f"{self.name}: stopped while loading its models")
+
+    def go(self) -> None:
+        """Let the group start its cameras (at once, or as soon as its models are loaded)."""
+        self._go = True
+        self._command("go")
+
+    def _command(self, command: str) -> None:
+        control = self._control
+        if control is None:
+            return
+        try:
+            control.send(command)
+        except OSError as exc:  # the process is gone: the reader starts it again, or the group is over
+            log.debug("%s: %s not delivered (%s)", self.name, command, exc)
+
+    def alive(self) -> bool:
+        process = self._process
+        return process is not None and process.is_alive()
+
+    def view_cameras(self) -> tuple[CameraView, ...]:
+        """The group's cameras as it last described them; while its process is down, marked as not running."""
+        if self.alive():
+            return self.views
+        return tuple(replace(view, capture_alive=False, worker_alive=False) for view in self.views)
+
+    # ------------------------------------------------------------------ reading
+
+    def _read_loop(self) -> None:
+        while True:
+            try:
+                message = self._queue.get(timeout=0.25)
+            except queue.Empty:
+                if self._process is not None and not self._process.is_alive() and not self._died():
+                    self._exited.set()
+                    return
+                continue
+            except (EOFError, OSError):  # the queue's pipe closed with a killed process
+                if not self._died():
+                    self._exited.set()
+                    return
+                continue
+            self._dispatch(message)
+
+    def _dispatch(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "observation":
+            self.handlers.observation(message[1])
+        elif kind == "event":
+            self.handlers.camera_event(message[1])
+        elif kind == "views":
+            self.views, self.observations_dropped = message[1], message[3]
+            self.models = tuple(self._absorb(view) for view in message[2])
+        elif kind == "ready":
+            self._ready.set()
+        elif kind == "failed":
+            self._failure = message[1]
+        elif kind == "ended":
+            self.ended = not self._stopping.is_set()
+
+    def _absorb(self, view: ModelView) -> ModelView:
+        """The group's model under a name of its own, with a BatchStats that lives as long as the group's process
+        does (metrics count batches since their last pull by the identity of that object)."""
+        stats = self._stats.get(view.name)
+        remote = view.stats
+        if stats is None or remote.batches < stats.batches:  # new, or the process was started again
+            stats = self._stats[view.name] = BatchStats()
+        for name, fresh in _RECENT.items():
+            count = getattr(remote, fresh) - getattr(stats, fresh)
+            if count > 0:
+                getattr(stats, name).extend(deque_tail(getattr(remote, name), count))
+        for name in ("batches", "items", "rejected", "failed", "queue_s", "compute_s"):
+            setattr(stats, name, getattr(remote, name))
+        return replace(view, role=f"{view.role}@{self.name}", name=f"{view.name}@{self.name}", stats=stats)
+
+    def _died(self) -> bool:
+        """The process is gone: start it again after a backoff unless the daemon stops it, its cameras ended, or it
+        never got to start them (start-up reports that instead). False when the group is over."""
+        if self._stopping.is_set() or self.ended or not self._go:
+            return False
+        code = self._process.exitcode if self._process is not None else None
+        if self._failure is not None:
+            log.error("%s: could not load its models: %s", self.name, self._failure)
+        if time.monotonic() - self._launched_mono >= STEADY_S:
+            self._backoff = BACKOFF_S[0]
+        log.error("%s: process ended unexpectedly (exit code %s); starting it again in %.0f s", self.name, code,
+                  self._backoff)
+        if self._stopping.wait(self._backoff):
+            return False
+        self._backoff = min(BACKOFF_S[1], self._backoff * 2)
+        self.restarts += 1
+        self._launch()
+        return True
+
+    # ------------------------------------------------------------------ stopping
+
+    def signal_stop(self) -> None:
+        self._stopping.set()
+        self._command("stop")
+
+    def join(self, deadline: float) -> None:
+        """Wait for the process until `deadline` (monotonic), then end it the hard way; then stop reading."""
+        process = self._process
+        if process is not None:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                log.warning("%s: did not stop in time; terminating it", self.name)
+                process.terminate()
+                process.join(0.2)
+        self._reader.join(max(0.0, deadline - time.monotonic()) + 0.3)
+
+
+def start_groups(cfg: AppConfig, cameras: Sequence[CameraConfig], handlers: GroupHandlers, stop: threading.Event,
+                 log_level: str | None = None) -> list[CameraGroup]:
+    """Every group process started and its models loaded (not yet its cameras: call go() on each). If one fails,
+    all are stopped again and GroupStartError says which and why."""
+    groups = [CameraGroup(index + 1, cfg, members, handlers, log_level)
+              for index, members in enumerate(camera_groups(cameras, cfg.inference.processes))]
+    try:
+        for group in groups:
+            group.start()
+        for group in groups:
+            group.wait_ready(stop)
+    except BaseException:
+        stop_groups(groups, 2.0)
+        raise
+    log.info("%d camera groups ready (inference.processes %d)", len(groups), cfg.inference.processes)
+    return groups
+
+
+def stop_groups(groups: Sequence[CameraGroup], budget_s: float) -> None:
+    """Ask every group to stop at once, then wait for all of them against one deadline."""
+    deadline = time.monotonic() + budget_s
+    for group in groups:
+        group.signal_stop()
+    for group in groups:
+        group.join(deadline)

@@ -1,0 +1,141 @@
+"""Camera groups in processes of their own (inference.processes > 1, pipeline/service/groups.py), run as an operator
+runs the daemon: real models on the CPU, a real video file per camera, JSON events on stdout, the real status
+server. A group process killed with SIGKILL is started again while the other group's camera keeps being analysed;
+a SIGHUP moves the cameras back into the daemon's process; SIGTERM leaves no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.config.app import CameraConfig
+from pipeline.service.groups import camera_groups
+from tests.running_daemon import (  # noqa: F401  (daemons: a fixture)
+    RunningDaemon,
+    clip,
+    daemons,
+    free_port,
+    wait_until,
+    write_config,
+)
+
+STARTED = re.compile(r"(cameras-\d+): process (\d+) started for ([\w, -]+)")
+
+
+def _camera(name: str) -> CameraConfig:
+    return CameraConfig.model_validate({"name": name, "source": "video.mp4"})
+
+
+def test_cameras_are_dealt_round_robin_into_non_empty_groups() -> None:
+    cams = [_camera(name) for name in "abcde"]
+    assert [[c.name for c in group] for group in camera_groups(cams, 2)] == [["a", "c", "e"], ["b", "d"]]
+    assert [[c.name for c in group] for group in camera_groups(cams, 8)] == [[n] for n in "abcde"]
+    assert [[c.name for c in group] for group in camera_groups(cams, 1)] == [list("abcde")]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie (not reaped yet) is as good as gone
+        return stat.read().split(")")[-1].split()[0] != "Z"
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        body = response.read().decode()
+    return json.loads(body) if url.endswith("/api/status") else body
+
+
+def _groups_started(daemon: RunningDaemon) -> dict[str, tuple[int, str]]:
+    """Each group's latest process id and cameras, from the daemon's log lines."""
+    found: dict[str, tuple[int, str]] = {}
+    for line in list(daemon.stderr):
+        match = STARTED.search(line)
+        if match:
+            found[match.group(1)] = (int(match.group(2)), match.group(3).strip())
+    return found
+
+
+@pytest.mark.slow
+def test_groups_analyse_every_camera_survive_a_killed_process_and_reload_back(
+        prepared_models: None, tmp_path: Path, daemons: Callable[..., RunningDaemon]) -> None:
+    cams = [f"{{name: {name}, source: '{clip()}', fps: 8, loop: true}}" for name in ("lobby", "door", "hall")]
+    port = free_port()
+    config = write_config(tmp_path / "config.yaml", cams, port=port, extra="inference: {processes: 2}\n")
+    daemon = daemons(config)
+    for name in ("lobby", "door", "hall"):
+        daemon.wait_for(lambda n=name: len(daemon.of("observation", n)) >= 3, 90, f"observations from {name}")
+    groups = _groups_started(daemon)
+    assert sorted(groups) == ["cameras-1", "cameras-2"], daemon.stderr_text()[-2000:]
+    assert groups["cameras-1"][1] == "lobby, hall" and groups["cameras-2"][1] == "door"
+    assert all(_alive(pid) for pid, _ in groups.values())
+
+    # status and metrics describe the groups' cameras and models, read from their processes
+    base = f"http://127.0.0.1:{port}"
+    assert wait_until(lambda: len(_get(f"{base}/api/status")["cameras"]) == 3, 10), "no camera views in status"
+    status = _get(f"{base}/api/status")
+    assert {cam["name"]: cam["state"] for cam in status["cameras"]} == \
+        {"lobby": "streaming", "door": "streaming", "hall": "streaming"}, status["cameras"]
+    assert all(cam["frames_analysed"] > 0 for cam in status["cameras"]), status["cameras"]
+    assert any(key.endswith("@cameras-1") for key in status["models"]) and \
+        any(key.endswith("@cameras-2") for key in status["models"]), status["models"]
+    assert wait_until(lambda: re.search(r'emotion_batch_size_count\{model="[^"]+@cameras-2"\} [1-9]',
+                                        _get(f"{base}/metrics")), 10), "no batches counted for cameras-2's models"
+
+    # a group process dies: it is started again, and the other group's camera is analysed meanwhile
+    killed_pid = groups["cameras-2"][0]
+    door_before, lobby_before = len(daemon.of("observation", "door")), len(daemon.of("observation", "lobby"))
+    os.kill(killed_pid, signal.SIGKILL)
+    daemon.wait_for(lambda: "cameras-2: process ended unexpectedly" in daemon.stderr_text(), 20,
+                    "the daemon noticing the killed group")
+    daemon.wait_for(lambda: len(daemon.of("observation", "door")) > door_before + 3, 90,
+                    "door's observations after its group was started again")
+    assert len(daemon.of("observation", "lobby")) > lobby_before, "lobby stopped while the other group was down"
+    restarted = _groups_started(daemon)["cameras-2"][0]
+    assert restarted != killed_pid and _alive(restarted)
+
+    # a reload that sets processes: 1 moves every camera back into the daemon's own process
+    write_config(config, cams, port=port)
+    daemon.signal(signal.SIGHUP)
+    daemon.wait_for(lambda: any(e["status"] == "applied" for e in daemon.of("config")), 60, "the reload applied")
+    counts = {name: len(daemon.of("observation", name)) for name in ("lobby", "door", "hall")}
+    for name in counts:
+        daemon.wait_for(lambda n=name: len(daemon.of("observation", n)) > counts[n] + 3, 60,
+                        f"{name} analysed in the daemon's process")
+    assert wait_until(lambda: not any(_alive(pid) for pid, _ in _groups_started(daemon).values()), 5), \
+        "a group process outlived the reload that ended the groups"
+    models = _get(f"{base}/api/status")["models"]
+    assert not any("@cameras-" in key for key in models), models
+
+    code, _ = daemon.terminate(timeout=15)
+    assert code == 0, daemon.stderr_text()[-2000:]
+    assert "Traceback" not in daemon.stderr_text()
+
+
+@pytest.mark.slow
+def test_sigterm_to_every_process_stops_the_groups_in_order(prepared_models: None, tmp_path: Path,
+                                           daemons: Callable[..., RunningDaemon]) -> None:
+    cams = [f"{{name: {name}, source: '{clip()}', fps: 8, loop: true}}" for name in ("lobby", "door")]
+    config = write_config(tmp_path / "config.yaml", cams, extra="inference: {processes: 2}\n")
+    daemon = daemons(config)
+    for name in ("lobby", "door"):
+        daemon.wait_for(lambda n=name: daemon.of("observation", n), 90, f"observations from {name}")
+    pids = [pid for pid, _ in _groups_started(daemon).values()]
+    for pid in pids:  # systemd's SIGTERM reaches every process of the unit, the groups too: they wait for the daemon
+        os.kill(pid, signal.SIGTERM)
+    code, _ = daemon.terminate(timeout=15)
+    assert code == 0, daemon.stderr_text()[-2000:]
+    assert not any(_alive(pid) for pid in pids)
+    assert "did not stop in time" not in daemon.stderr_text()
+    states = {name: [e["state"] for e in daemon.of("camera", name)] for name in ("lobby", "door")}
+    assert all(s[0] == "streaming" and s[-1] == "stopped" for s in states.values()), states
