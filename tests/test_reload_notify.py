@@ -228,6 +228,28 @@ def test_wedged_worker_withholds_the_watchdog(prepared_models: None, tmp_path: P
         listener.close()
 
 
+def test_mps_unit_and_drop_in_verify(tmp_path: Path) -> None:
+    """`systemd-analyze verify` on deploy/nvidia-mps.service (its binary, absent here, stood in by /bin/true) and on
+    the daemon's unit with the MPS drop-in applied."""
+    import subprocess
+
+    mps = (ROOT / "deploy" / "nvidia-mps.service").read_text().replace("/usr/bin/nvidia-cuda-mps-control", "/bin/true")
+    (tmp_path / "nvidia-mps.service").write_text(mps)
+    unit = (ROOT / "deploy" / "emotion-pipeline.service").read_text()
+    unit = unit.replace("/opt/emotion-pipeline/venv/bin/python", sys.executable).replace("/opt/emotion-pipeline",
+                                                                                          str(ROOT))
+    (tmp_path / "emotion-pipeline.service").write_text(unit)
+    drop_in = tmp_path / "emotion-pipeline.service.d"
+    drop_in.mkdir()
+    (drop_in / "mps.conf").write_text((ROOT / "deploy" / "emotion-pipeline-mps.conf").read_text())
+    done = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "nvidia-mps.service"),
+                           str(tmp_path / "emotion-pipeline.service")], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "nvidia-mps.service" not in done.stderr and "mps.conf" not in done.stderr, done.stderr
+    assert "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps" in mps and "RuntimeDirectory=nvidia-mps" in mps
+
+
 def test_notifier_without_systemd_is_silent() -> None:
     notifier = Notifier({})
     assert not notifier.enabled and notifier.watchdog_interval_s is None
