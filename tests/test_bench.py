@@ -56,6 +56,24 @@ def test_bench_pipeline_compares_both_designs_in_one_run(prepared_models: None, 
     _png_size(plot)
 
 
+def test_bench_pipeline_with_camera_group_processes(prepared_models: None, tmp_path: Path) -> None:
+    """--processes 2: the cameras in two camera group processes, as the daemon runs them; the figures are summed
+    over this process and the groups (their CPU and memory count) and taken from the observations that came back."""
+    video = data_path("video", "woman2.mp4")
+    out = tmp_path / "groups.json"
+    done = run_cli("bench", "pipeline", "--video", str(video), "--cameras", "2", "--fps", "10", "--duration", "2",
+                   "--mode", "batched", "--processes", "2", "--detector-input", "320x192", "--log-level", "warning",
+                   "--json", str(out), timeout=240)
+    assert done.returncode == 0, done.stderr
+    run = json.loads(out.read_text())["results"][0]
+    assert run["processes"] == 2 and run["mode"] == "batched"
+    assert run["fps_in_per_camera"] > 0 and run["analysed_per_s"] > 0
+    assert set(run["stage_ms"]) == {"detect", "crop", "emotion", "other"}
+    assert run["latency_ms"]["p99"] >= run["latency_ms"]["p50"] > 0
+    assert run["batching"]["detector"]["mean_batch"] > 0 and run["batching"]["emotion"]["mean_batch"] > 0
+    assert run["cpu_percent"] > 0 and run["peak_rss_mb"] > 300  # three interpreters with models, not one
+
+
 @pytest.mark.parametrize("mode_args", [["capture", "--seconds", "1"]])
 def test_plot_that_cannot_be_written_keeps_the_json(tmp_path: Path, mode_args: list[str]) -> None:
     """The figures are saved before the plot is drawn; a bad plot path is a clear error, exit 2."""

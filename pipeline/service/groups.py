@@ -281,6 +281,11 @@ class CameraGroup:
         except OSError as exc:  # the process is gone: the reader starts it again, or the group is over
             log.debug("%s: %s not delivered (%s)", self.name, command, exc)
 
+    @property
+    def pid(self) -> int | None:
+        """The group's current process id (a new one after each restart)."""
+        return self._process.pid if self._process is not None else None
+
     def alive(self) -> bool:
         process = self._process
         return process is not None and process.is_alive()

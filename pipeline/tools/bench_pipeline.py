@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import subprocess
 import sys
 import threading
 import time
@@ -31,7 +30,8 @@ from pipeline.inference.perception import Analyzer, load_perception
 from pipeline.modelprep.frame_graphs import FrameFormat
 from pipeline.service.parts import limit_opencv_threads
 from pipeline.service.worker import CameraWorker
-from pipeline.tools.gpu_sampler import GpuSampler
+from pipeline.tools.bench_groups import run_groups
+from pipeline.tools.gpu_sampler import GpuSampler, gpu_memory_mb
 from pipeline.vision.track import IouTracker
 
 WARMUP_S = 3.0
@@ -59,6 +59,10 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frames-in-flight", type=int, default=0, metavar="N",
                         help="inference.frames_in_flight (batched design; 0 = auto: 2 on the GPU frame graphs "
                              "path, else 1); the naive design always analyses one frame at a time")
+    parser.add_argument("--processes", type=int, default=1, metavar="N",
+                        help="inference.processes (batched design): the cameras in N camera group processes, each "
+                             "with its own engine, observations sent back to this process as the daemon does; on one "
+                             "GPU run NVIDIA MPS for it (deploy/nvidia-mps.service)")
     parser.add_argument("--frame-path", choices=["auto", "opencv", "graph"], default="auto",
                         help="inference.frame_path: letterbox, NMS and crops in OpenCV on the host, or in the frame "
                              "graphs (auto: graph on cuda)")
@@ -91,6 +95,7 @@ def _config(args: argparse.Namespace, naive: bool) -> AppConfig:
         "max_batch": 1 if naive else args.max_batch, "max_delay_ms": 0.0 if naive else args.max_delay_ms,
         "lanes": 1 if naive else args.lanes, "batch_step": args.batch_step, "frame_path": args.frame_path,
         "frames_in_flight": 1 if naive else args.frames_in_flight,
+        "processes": 1 if naive else args.processes,
         "backend": args.backend or base.inference.backend,
         "triton": base.inference.triton.model_copy(update={"url": args.triton_url or base.inference.triton.url})})
     detector = type(base.detector).model_validate(base.detector.model_dump() | {
@@ -139,17 +144,6 @@ class _Recorder:
             self.stage_ms.setdefault("other", []).append(latency - sum(obs.latency_ms.values()))
 
 
-def _gpu_memory_mb() -> float | None:
-    """This process's GPU memory from nvidia-smi (None where there is no NVIDIA GPU)."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10, check=False).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    used = [float(line.split(",")[1]) for line in out.splitlines() if line.split(",")[0].strip() == str(os.getpid())]
-    return sum(used) if used else None
-
-
 def _rss_mb() -> tuple[float, float]:
     fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
     return float(fields["VmRSS"].split()[0]) / 1024, float(fields["VmHWM"].split()[0]) / 1024
@@ -189,6 +183,8 @@ class _TritonWindow:
 
 def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
     cfg = _config(args, naive)
+    if cfg.inference.processes > 1:
+        return _run_grouped(args, cfg)
     triton = _TritonWindow(cfg)
     shared = None if naive else load_perception(cfg)
     perceptions = [load_perception(cfg) for _ in cfg.cameras] if naive else [shared] * len(cfg.cameras)
@@ -225,7 +221,7 @@ def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
     usage1 = resource.getrusage(resource.RUSAGE_SELF)
     frames_in = sum(c.frames_in.total for c in captures) - frames_in0
     analysed = sum(w.stats.analysed.total for w in workers) - analysed0
-    gpu_mb, (rss_mb, peak_mb) = _gpu_memory_mb(), _rss_mb()
+    gpu_mb, (rss_mb, peak_mb) = gpu_memory_mb(), _rss_mb()
     threads = len(os.listdir("/proc/self/task"))  # every thread of the process, the libraries' own included
     batch_stats = _batch_stats(unique)  # type: ignore[arg-type]
     stop.set()
@@ -241,6 +237,16 @@ def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
                                       "decoder": _decoder_kind(captures), "gpu_utilisation": utilisation,
                                       "capture_nice": args.capture_nice, "backend": cfg.inference.backend,
                                       "triton": triton_window}
+
+
+def _run_grouped(args: argparse.Namespace, cfg: AppConfig) -> dict[str, Any]:
+    """The batched design with the cameras in camera group processes (pipeline/tools/bench_groups.py)."""
+    recorder = _Recorder()
+    measured = run_groups(args, cfg, recorder, WARMUP_S)
+    usage0, usage1 = measured["usage"]
+    return _summary(args, False, measured["wall"], measured["frames_in"], measured["analysed"], recorder, usage0,
+                    usage1, measured["rss_mb"], measured["peak_mb"], measured["gpu_mb"], measured["batching"]) | {
+        "detector_input_used": _input_used(cfg, args.video), "backend": cfg.inference.backend, **measured["extra"]}
 
 
 def _in_flight(workers: list[CameraWorker]) -> dict[str, int]:

@@ -7,6 +7,7 @@ period: coarse, but the same tool operators use.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 
@@ -59,3 +60,15 @@ class GpuSampler(threading.Thread):
         gpu = sum(s[0] for s in self.samples) / len(self.samples)
         nvdec = sum(s[1] for s in self.samples) / len(self.samples)
         return {"gpu_busy_pct": round(gpu, 1), "nvdec_busy_pct": round(nvdec, 1), "samples": len(self.samples)}
+
+
+def gpu_memory_mb(pid: int | None = None) -> float | None:
+    """A process's GPU memory (this one's by default) from nvidia-smi (None where there is no NVIDIA GPU)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    wanted = str(os.getpid() if pid is None else pid)
+    used = [float(line.split(",")[1]) for line in out.splitlines() if line.split(",")[0].strip() == wanted]
+    return sum(used) if used else None

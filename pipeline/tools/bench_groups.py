@@ -1,0 +1,126 @@
+"""`bench pipeline --processes N`: the batched design with the cameras in N camera group processes, as the daemon
+runs them with `inference.processes: N` (pipeline/service/groups.py): each group its own engine, observations back
+to this process on a queue. CPU time, memory and GPU memory are the sum over this process and its groups; analysed
+frames and latency are counted on the observations that arrive here, so the queue's cost is in them."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import threading
+import time
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pipeline.service.groups import (
+    CameraGroup,
+    GroupHandlers,
+    start_groups,
+    stop_groups,
+)
+from pipeline.tools.gpu_sampler import GpuSampler, gpu_memory_mb
+
+if TYPE_CHECKING:
+    from pipeline.config.app import AppConfig
+    from pipeline.service.snapshot import ModelView
+
+FIRST_FRAMES_S = 300.0  # a GPU group prepares its frame size on the first frames (20-40 s per size on an H200)
+
+
+def run_groups(args: argparse.Namespace, cfg: AppConfig, recorder: Any, warmup_s: float) -> dict[str, Any]:
+    """Start the groups, wait until every camera has been analysed once, then measure `args.duration` seconds."""
+    stop = threading.Event()
+    groups = start_groups(cfg, cfg.cameras, GroupHandlers(recorder, lambda _event: None), stop)
+    try:
+        for group in groups:
+            group.go()
+        _wait_for_first_frames(groups, len(cfg.cameras))
+        time.sleep(warmup_s)
+        pids = [group.pid for group in groups if group.pid is not None]
+        cpu0, t0 = _cpu_seconds(pids), time.monotonic()
+        frames_in0 = _frames_in(groups)
+        recorder.recording = True
+        sampler = GpuSampler()
+        sampler.start()
+        time.sleep(args.duration)
+        recorder.recording = False
+        wall = time.monotonic() - t0
+        utilisation = sampler.finish()
+        cpu_s = _cpu_seconds(pids) - cpu0
+        frames_in = _frames_in(groups) - frames_in0
+        rss_mb, peak_mb = _rss_mb(pids)
+        gpu_mb = _gpu_memory_mb(pids)
+        batching = _batch_stats([model for group in groups for model in group.models])
+    finally:
+        stop_groups(groups, 5.0)
+    usage = (SimpleNamespace(ru_utime=0.0, ru_stime=0.0), SimpleNamespace(ru_utime=cpu_s, ru_stime=0.0))
+    return {"wall": wall, "frames_in": frames_in, "analysed": len(recorder.latencies_ms), "usage": usage,
+            "rss_mb": rss_mb, "peak_mb": peak_mb, "gpu_mb": gpu_mb, "batching": batching,
+            "extra": {"processes": len(groups), "gpu_utilisation": utilisation,
+                      "frame_path": "graph" if cfg.inference.graph_frames else "opencv"}}
+
+
+def _wait_for_first_frames(groups: list[CameraGroup], cameras: int) -> None:
+    deadline = time.monotonic() + FIRST_FRAMES_S
+    while time.monotonic() < deadline:
+        views = [view for group in groups for view in group.views]
+        if len(views) == cameras and all(view.health.frames_analysed > 0 for view in views):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"not every camera was analysed within {FIRST_FRAMES_S:.0f} s of the groups' start")
+
+
+def _frames_in(groups: list[CameraGroup]) -> int:
+    return sum(view.health.frames_in for group in groups for view in group.views)
+
+
+def _proc_fields(pid: int | str, name: str) -> list[str]:
+    with open(f"/proc/{pid}/{name}") as handle:
+        return handle.read().split()
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """CPU time of this process and the groups' (utime + stime from /proc)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = own.ru_utime + own.ru_stime
+    for pid in pids:
+        fields = " ".join(_proc_fields(pid, "stat")).rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime: fields 14 and 15 of stat
+    return total
+
+
+def _rss_mb(pids: list[int]) -> tuple[float, float]:
+    """Resident memory now and at its peak, summed over this process and the groups."""
+    now = peak = 0.0
+    for pid in ["self", *pids]:
+        with open(f"/proc/{pid}/status") as handle:
+            fields = dict(line.split(":", 1) for line in handle.read().splitlines() if ":" in line)
+        now += float(fields["VmRSS"].split()[0]) / 1024
+        peak += float(fields["VmHWM"].split()[0]) / 1024
+    return now, peak
+
+
+def _gpu_memory_mb(pids: list[int]) -> float | None:
+    used = [gpu_memory_mb(pid) for pid in [os.getpid(), *pids]]
+    known = [mb for mb in used if mb is not None]
+    return sum(known) if known else None
+
+
+def _batch_stats(models: list[ModelView]) -> dict[str, Any]:
+    """bench pipeline's batching figures per role, over the same role's model in every group."""
+    out: dict[str, Any] = {}
+    roles = sorted({model.role.split("@")[0] for model in models})
+    for role in roles:
+        stats = [model.stats for model in models if model.role.split("@")[0] == role]
+        sizes = [size for st in stats for size in st.batch_sizes]
+        items = sum(st.items for st in stats)
+        out[role] = {"mean_batch": round(float(np.mean(sizes)), 2) if sizes else 0.0,
+                     "queue_ms_per_item": round(1000 * sum(st.queue_s for st in stats) / max(items, 1), 2),
+                     "compute_ms_per_batch": round(1000 * sum(st.compute_s for st in stats) /
+                                                   max(sum(st.batches for st in stats), 1), 2),
+                     "rejected": sum(st.rejected for st in stats)}
+    return out
