@@ -7,8 +7,13 @@ import numpy as np
 import pytest
 
 from pipeline.vision.retinaface import anchor_grid, decode, letterbox
-from pipeline.vision.track import iou_matrix
+from pipeline.vision.track import box_iou
 from tests.conftest import data_path
+
+
+def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pairwise IoU of two lists of boxes (x1 y1 x2 y2), through the tracker's box_iou."""
+    return np.array([[box_iou(tuple(first), tuple(second)) for second in b] for first in a]).reshape(len(a), len(b))
 
 
 def test_letterbox_keeps_aspect_and_pads_with_model_mean() -> None:
