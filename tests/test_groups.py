@@ -142,3 +142,28 @@ def test_sigterm_to_every_process_stops_the_groups_in_order(prepared_models: Non
     assert "did not stop in time" not in daemon.stderr_text()
     states = {name: [e["state"] for e in daemon.of("camera", name)] for name in ("lobby", "door")}
     assert all(s[0] == "streaming" and s[-1] == "stopped" for s in states.values()), states
+
+
+def test_a_group_that_cannot_load_its_models_fails_the_start_with_exit_3(prepared_models: None,
+                                                                        tmp_path: Path) -> None:
+    """The models load in the group processes: a failure there is the daemon's model error (exit 3, naming the group
+    and the cause), and no group process is left behind. Provoked with `device: cuda` on a machine without CUDA."""
+    import subprocess
+    import sys
+
+    import onnxruntime
+
+    from tests.conftest import ROOT
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("this machine has CUDA: device cuda would load")
+    cams = [f"{{name: {name}, source: '{clip()}', fps: 8, loop: true}}" for name in ("lobby", "door")]
+    config = write_config(tmp_path / "config.yaml", cams, extra="inference: {processes: 2, device: cuda}\n")
+    done = subprocess.run([sys.executable, str(ROOT / "run_pipeline.py"), "run", "--config", str(config)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 3, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("model error: cameras-")]
+    assert errors and "cuda" in errors[0].lower(), done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    pids = [int(pid) for _, pid, _ in STARTED.findall(done.stderr)]
+    assert pids and not any(_alive(pid) for pid in pids)

@@ -256,7 +256,8 @@ class CameraGroup:
         log.info("%s: process %d started for %s", self.name, process.pid, ", ".join(c.name for c in self.cameras))
 
     def wait_ready(self, stop: threading.Event) -> None:
-        """Block until the group's models are loaded; GroupStartError if it failed (or `stop` was set first)."""
+        """Block until the group's models are loaded, or until `stop` is set (SIGTERM while starting: the daemon then
+        stops as usual, exit 0); GroupStartError if the group failed."""
         while not self._ready.wait(0.1):
             if self._failure is not None:
                 raise GroupStartError(f"{self.name}: {self._failure}")
@@ -265,7 +266,7 @@ class CameraGroup:
                 raise GroupStartError(f"{self.name}: its process ended (exit code {code}) while loading the models; "
                                       f"the log above says why")
             if stop.is_set():
-                raise GroupStartError(f"{self.name}: stopped while loading its models")
+                return
 
     def go(self) -> None:
         """Let the group start its cameras (at once, or as soon as its models are loaded)."""
