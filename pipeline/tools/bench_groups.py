@@ -25,6 +25,7 @@ from pipeline.tools.gpu_sampler import GpuSampler, gpu_memory_mb
 
 if TYPE_CHECKING:
     from pipeline.config.app import AppConfig
+    from pipeline.inference.batching import BatchStats
     from pipeline.service.snapshot import ModelView
 
 FIRST_FRAMES_S = 300.0  # a GPU group prepares its frame size on the first frames (20-40 s per size on an H200)
@@ -40,15 +41,8 @@ def run_groups(args: argparse.Namespace, cfg: AppConfig, recorder: Any, warmup_s
         _wait_for_first_frames(groups, len(cfg.cameras))
         time.sleep(warmup_s)
         pids = [group.pid for group in groups if group.pid is not None]
-        cpu0, t0 = _cpu_seconds(pids), time.monotonic()
-        frames_in0 = _frames_in(groups)
-        recorder.recording = True
-        sampler = GpuSampler()
-        sampler.start()
-        time.sleep(args.duration)
-        recorder.recording = False
-        wall = time.monotonic() - t0
-        utilisation = sampler.finish()
+        cpu0, frames_in0 = _cpu_seconds(pids), _frames_in(groups)
+        wall, utilisation = record_window(recorder, args.duration)
         cpu_s = _cpu_seconds(pids) - cpu0
         frames_in = _frames_in(groups) - frames_in0
         rss_mb, peak_mb = _rss_mb(pids)
@@ -61,6 +55,18 @@ def run_groups(args: argparse.Namespace, cfg: AppConfig, recorder: Any, warmup_s
             "rss_mb": rss_mb, "peak_mb": peak_mb, "gpu_mb": gpu_mb, "batching": batching,
             "extra": {"processes": len(groups), "gpu_utilisation": utilisation,
                       "frame_path": "graph" if cfg.inference.graph_frames else "opencv"}}
+
+
+def record_window(recorder: Any, seconds: float) -> tuple[float, dict[str, float] | None]:
+    """Let `recorder` take observations for `seconds` while the GPU is sampled: the window's wall time and the GPU's
+    utilisation over it (None without an NVIDIA GPU)."""
+    started = time.monotonic()
+    recorder.recording = True
+    sampler = GpuSampler()
+    sampler.start()
+    time.sleep(seconds)
+    recorder.recording = False
+    return time.monotonic() - started, sampler.finish()
 
 
 def _wait_for_first_frames(groups: list[CameraGroup], cameras: int) -> None:
@@ -112,10 +118,17 @@ def _gpu_memory_mb(pids: list[int]) -> float | None:
 
 def _batch_stats(models: list[ModelView]) -> dict[str, Any]:
     """bench pipeline's batching figures per role, over the same role's model in every group."""
+    by_role: dict[str, list[BatchStats]] = {}
+    for model in models:
+        by_role.setdefault(model.role.split("@")[0], []).append(model.stats)
+    return batch_figures(by_role)
+
+
+def batch_figures(stats_by_role: dict[str, list[BatchStats]]) -> dict[str, Any]:
+    """Per role, over its models' counters: mean batch (of the recent batches), queue wait per item, compute per
+    batch, requests refused."""
     out: dict[str, Any] = {}
-    roles = sorted({model.role.split("@")[0] for model in models})
-    for role in roles:
-        stats = [model.stats for model in models if model.role.split("@")[0] == role]
+    for role, stats in stats_by_role.items():
         sizes = [size for st in stats for size in st.batch_sizes]
         items = sum(st.items for st in stats)
         out[role] = {"mean_batch": round(float(np.mean(sizes)), 2) if sizes else 0.0,

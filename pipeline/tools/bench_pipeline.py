@@ -30,8 +30,8 @@ from pipeline.inference.perception import Analyzer, load_perception
 from pipeline.modelprep.frame_graphs import FrameFormat
 from pipeline.service.parts import limit_opencv_threads
 from pipeline.service.worker import CameraWorker
-from pipeline.tools.bench_groups import run_groups
-from pipeline.tools.gpu_sampler import GpuSampler, gpu_memory_mb
+from pipeline.tools.bench_groups import batch_figures, record_window, run_groups
+from pipeline.tools.gpu_sampler import gpu_memory_mb
 from pipeline.vision.track import IouTracker
 
 WARMUP_S = 3.0
@@ -208,15 +208,9 @@ def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
     time.sleep(WARMUP_S)
     frames_in0 = sum(c.frames_in.total for c in captures)
     analysed0 = sum(w.stats.analysed.total for w in workers)
-    usage0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+    usage0 = resource.getrusage(resource.RUSAGE_SELF)
     triton.open()
-    recorder.recording = True
-    sampler = GpuSampler()
-    sampler.start()
-    time.sleep(args.duration)
-    recorder.recording = False
-    wall = time.monotonic() - t0
-    utilisation = sampler.finish()
+    wall, utilisation = record_window(recorder, args.duration)
     triton_window = triton.close()
     usage1 = resource.getrusage(resource.RUSAGE_SELF)
     frames_in = sum(c.frames_in.total for c in captures) - frames_in0
@@ -276,18 +270,8 @@ def _video_format(video: Path, nvdec: bool) -> FrameFormat | None:
 
 
 def _batch_stats(perceptions: list[Analyzer]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
     roles = [role for role, _ in perceptions[0].models()]
-    for role in roles:
-        stats = [dict(p.models())[role].stats for p in perceptions]
-        sizes = [s for st in stats for s in st.batch_sizes]
-        items = sum(st.items for st in stats)
-        out[role] = {"mean_batch": round(float(np.mean(sizes)), 2) if sizes else 0.0,
-                     "queue_ms_per_item": round(1000 * sum(st.queue_s for st in stats) / max(items, 1), 2),
-                     "compute_ms_per_batch": round(1000 * sum(st.compute_s for st in stats) /
-                                                   max(sum(st.batches for st in stats), 1), 2),
-                     "rejected": sum(st.rejected for st in stats)}
-    return out
+    return batch_figures({role: [dict(p.models())[role].stats for p in perceptions] for role in roles})
 
 
 def _summary(args: argparse.Namespace, naive: bool, wall: float, frames_in: int, analysed: int,
