@@ -157,3 +157,27 @@ def test_probe_gives_up_on_a_stream_that_never_answers(prepared_models: None, tm
     assert any(line.startswith(f"{config}: emotion.model: mini_xception_fer2013 loads")
                for line in done.stdout.splitlines()), done.stdout
     assert SECRET not in done.stdout + done.stderr
+
+
+def test_camera_groups_on_a_gpu_without_mps_are_warned_about(tmp_path: Path) -> None:
+    """inference.processes > 1 on a GPU time-slices it without NVIDIA's MPS (measured: no more frames than one
+    process): check-config says so until MPS's control pipe exists in its pipe directory. On the CPU, no warning."""
+    import os
+
+    config = tmp_path / "groups.yaml"
+    config.write_text("cameras:\n  - {name: demo, source: demo}\n  - {name: demo2, source: demo}\n"
+                      "inference: {device: cuda, processes: 2}\nserver: {enabled: false}\n")
+    pipes = tmp_path / "mps"
+    pipes.mkdir()
+    without = run_cli("check-config", str(config), env={"CUDA_MPS_PIPE_DIRECTORY": str(pipes)}, timeout=60)
+    assert without.returncode == 0, without.stderr
+    assert any(line.startswith(f"{config}: warning: inference.processes: 2 camera groups on cuda without NVIDIA "
+                               f"MPS (no {pipes / 'control'})") and "nvidia-mps.service" in line
+               for line in without.stderr.splitlines()), without.stderr
+    os.mkfifo(pipes / "control")  # what nvidia-cuda-mps-control -d creates
+    running = run_cli("check-config", str(config), env={"CUDA_MPS_PIPE_DIRECTORY": str(pipes)}, timeout=60)
+    assert running.returncode == 0 and "inference.processes" not in running.stderr, running.stderr
+    config.write_text(config.read_text().replace("device: cuda", "device: cpu"))
+    on_cpu = run_cli("check-config", str(config), env={"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "none")},
+                     timeout=60)
+    assert on_cpu.returncode == 0 and "inference.processes" not in on_cpu.stderr, on_cpu.stderr

@@ -167,3 +167,17 @@ def test_a_group_that_cannot_load_its_models_fails_the_start_with_exit_3(prepare
     assert "Traceback" not in done.stderr
     pids = [int(pid) for _, pid, _ in STARTED.findall(done.stderr)]
     assert pids and not any(_alive(pid) for pid in pids)
+
+
+def test_a_group_on_the_frame_graphs_path_prepares_no_batch_larger_than_its_cameras_allow() -> None:
+    from pipeline.config.app import AppConfig
+    from pipeline.service.groups import group_config
+
+    cams = [{"name": f"c{i}", "source": "demo"} for i in range(3)]
+    graphs = AppConfig.model_validate({"cameras": cams, "inference": {"frame_path": "graph", "max_batch": 64,
+                                                                       "frames_in_flight": 2}})
+    assert group_config(graphs, 16).inference.max_batch == 32  # 16 cameras x 2 frames in flight
+    assert group_config(graphs, 40).inference.max_batch == 64  # never raised
+    assert group_config(graphs, 16).cameras == graphs.cameras and graphs.inference.max_batch == 64
+    opencv = AppConfig.model_validate({"cameras": cams, "inference": {"frame_path": "opencv", "max_batch": 64}})
+    assert group_config(opencv, 2).inference.max_batch == 64  # faces are batched there too: left alone

@@ -288,7 +288,8 @@ def summarize(config: AppConfig) -> str:
     inference = config.inference
     lines.append(f"inference: {inference.backend} on {inference.device}, {inference.precision}, "
                  f"max_batch {inference.max_batch}, lanes {inference.lanes}, "
-                 f"frame path {'graph' if inference.graph_frames else 'opencv'}")
+                 f"frame path {'graph' if inference.graph_frames else 'opencv'}"
+                 + (f", {inference.processes} camera group processes" if inference.processes > 1 else ""))
     if inference.backend == "triton":
         lines.append(f"  {inference.triton.describe()}")  # the token shows as ***
     lines.append("outputs: " + ("; ".join(o.describe() for o in config.outputs) or "none"))

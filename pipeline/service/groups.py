@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import queue
 import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from multiprocessing.context import SpawnProcess
+from pathlib import Path
 from typing import Any
 
 from pipeline.capture.thread import CaptureThread
@@ -39,6 +41,7 @@ from pipeline.core.types import CameraEvent, Observation
 from pipeline.inference.backend import BackendError
 from pipeline.inference.batching import BatchStats
 from pipeline.inference.perception import Analyzer
+from pipeline.inference.settings import InferenceConfig
 from pipeline.modelprep.manifest import ManifestError, ModelError
 from pipeline.service.cameras import Camera
 from pipeline.service.lifecycle import join_all, run_bounded
@@ -63,8 +66,23 @@ STEADY_S = 60.0  # a group that ran this long starts its backoff over when it di
 # The group's own shutdown shares, within the daemon's budget for cameras, workers and models (1.9 s).
 GROUP_STOP = {"cameras": 0.8, "workers": 0.4, "models": 0.4}
 MODEL_ERRORS = (ModelError, BackendError, ManifestError)
+MPS_PIPE_DEFAULT = "/tmp/nvidia-mps"  # where MPS's control daemon and its clients meet without CUDA_MPS_PIPE_DIRECTORY
 # BatchStats' recent lists and the counter each grows with: one entry per batch, or per item for the queue wait.
 _RECENT = {"batch_sizes": "batches", "recent_compute_ms": "batches", "recent_queue_ms": "items"}
+
+
+def mps_problem(inference: InferenceConfig, environ: Mapping[str, str] = os.environ) -> str | None:
+    """Why camera groups on a GPU will share it badly here: NVIDIA's MPS control daemon is not running (its pipe
+    directory, $CUDA_MPS_PIPE_DIRECTORY or /tmp/nvidia-mps, has no `control` pipe). None when all is well, or when
+    there are no groups or no GPU."""
+    if inference.processes <= 1 or inference.device == "cpu":
+        return None
+    control = Path(environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DEFAULT) / "control"
+    if control.exists():
+        return None
+    return (f"{inference.processes} camera groups on {inference.device} without NVIDIA MPS (no {control}): the "
+            f"groups' processes would time-slice the GPU, and 2 or 4 of them analysed no more frames than one on an "
+            f"H200; start deploy/nvidia-mps.service (README, \"Running as a service\") or set processes: 1")
 
 
 def camera_groups(cameras: Sequence[CameraConfig], processes: int) -> list[list[CameraConfig]]:
@@ -77,6 +95,23 @@ def camera_groups(cameras: Sequence[CameraConfig], processes: int) -> list[list[
 
 
 # ---------------------------------------------------------------------------------------------------- in the group
+
+
+def group_config(cfg: AppConfig, cameras: int) -> AppConfig:
+    """A group's settings. On the frame graphs path a batch holds at most one frame per camera per frame in flight,
+    so a group of 16 cameras with 2 in flight never runs more than 32: `max_batch` is capped there, and no larger
+    padded size (on a GPU a session of its own per size, with its memory and start-up time) is prepared."""
+    inference = cfg.inference
+    if not inference.graph_frames:
+        return cfg  # the OpenCV path batches faces too: a frame may bring many
+    most = cameras * inference.frames_in_flight_for(True)
+    if most >= inference.max_batch:
+        return cfg
+    log.info("camera group of %d camera(s): max_batch %d (of %d): no batch can hold more frames", cameras, most,
+             inference.max_batch)
+    return cfg.model_copy(update={"inference": inference.model_copy(update={"max_batch": most})})
+
+
 
 
 class _GroupCameras:
@@ -171,6 +206,7 @@ def run_group(cfg: AppConfig, cameras: list[CameraConfig], out: Any, control: Co
     until every camera ended, or the daemon is gone)."""
     _ignore_signals()
     setup_logging(log_level or cfg.logging.level, cfg.logging.format)
+    cfg = group_config(cfg, len(cameras))
     set_rtsp_transport(cfg)
     limit_opencv_threads(cfg)
     try:
@@ -387,6 +423,9 @@ def start_groups(cfg: AppConfig, cameras: Sequence[CameraConfig], handlers: Grou
                  log_level: str | None = None) -> list[CameraGroup]:
     """Every group process started and its models loaded (not yet its cameras: call go() on each). If one fails,
     all are stopped again and GroupStartError says which and why."""
+    problem = mps_problem(cfg.inference)
+    if problem:
+        log.warning("%s", problem)
     groups = [CameraGroup(index + 1, cfg, members, handlers, log_level)
               for index, members in enumerate(camera_groups(cameras, cfg.inference.processes))]
     try:

@@ -5,8 +5,9 @@ fast and must not take a camera away from a daemon that is running:
 
 - quick (`check-config PATH`, the default) looks without opening anything: a video file or a /dev/videoN (a USB
   camera index N) that does not exist, `inference.device: cuda|tensorrt` when this onnxruntime lacks the provider
-  (or `backend: tensorrt` without its packages), a model without a manifest, and an int8 model file that was never
-  prepared (the daemon cannot make one at start: int8 needs calibration images). These are *warnings*, the exit
+  (or `backend: tensorrt` without its packages), camera groups on a GPU without NVIDIA's MPS running, a model
+  without a manifest, and an int8 model file that was never prepared (the daemon cannot make one at start: int8
+  needs calibration images). These are *warnings*, the exit
   stays 0: the file is valid, a camera may be plugged in or a file mounted after the check (the daemon keeps
   retrying cameras), and a file is often checked on another machine than the one that runs it.
 - probe (`check-config --probe PATH`) opens each enabled camera once, as the daemon would (`open_source`, one frame
@@ -67,6 +68,12 @@ def quick_findings(cfg: AppConfig) -> list[Finding]:
         if problem:
             findings.append(Finding(f"cameras[{index}].source", f"{problem}; the daemon would keep retrying it"))
     findings += device_findings(cfg.inference)
+    # imported here: the quick check runs before every start, and needs no camera or model code otherwise
+    from pipeline.service.groups import mps_problem
+
+    mps = mps_problem(cfg.inference)
+    if mps:
+        findings.append(Finding("inference.processes", mps))
     findings += model_file_findings(cfg)
     return findings
 
