@@ -9,15 +9,19 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import onnxruntime
 import pytest
 
-from pipeline.config.app import CameraConfig
-from pipeline.service.groups import camera_groups
+from pipeline.config.app import AppConfig, CameraConfig
+from pipeline.service.groups import camera_groups, group_config
+from tests.conftest import ROOT
 from tests.running_daemon import (  # noqa: F401  (daemons: a fixture)
     RunningDaemon,
     clip,
@@ -148,13 +152,6 @@ def test_a_group_that_cannot_load_its_models_fails_the_start_with_exit_3(prepare
                                                                         tmp_path: Path) -> None:
     """The models load in the group processes: a failure there is the daemon's model error (exit 3, naming the group
     and the cause), and no group process is left behind. Provoked with `device: cuda` on a machine without CUDA."""
-    import subprocess
-    import sys
-
-    import onnxruntime
-
-    from tests.conftest import ROOT
-
     if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
         pytest.skip("this machine has CUDA: device cuda would load")
     cams = [f"{{name: {name}, source: '{clip()}', fps: 8, loop: true}}" for name in ("lobby", "door")]
@@ -170,9 +167,6 @@ def test_a_group_that_cannot_load_its_models_fails_the_start_with_exit_3(prepare
 
 
 def test_a_group_on_the_frame_graphs_path_prepares_no_batch_larger_than_its_cameras_allow() -> None:
-    from pipeline.config.app import AppConfig
-    from pipeline.service.groups import group_config
-
     cams = [{"name": f"c{i}", "source": "demo"} for i in range(3)]
     graphs = AppConfig.model_validate({"cameras": cams, "inference": {"frame_path": "graph", "max_batch": 64,
                                                                        "frames_in_flight": 2}})

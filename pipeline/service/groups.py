@@ -11,7 +11,9 @@ its own engine. The daemon keeps behaviour, outputs, status, metrics and reloads
 sends it, on one queue: observations and camera events as they happen, and twice a second the views of its cameras
 and models (what status, metrics and the watchdog read). A group that dies is started again with backoff (1 s
 doubling to 30 s) while the others keep running; its cameras' views then age, which status and the systemd
-watchdog report as they would a wedged thread.
+watchdog report as they would a wedged thread. (A group killed in the very microseconds its queue's feeder thread is
+writing a message longer than a pipe writes at once leaves the daemon's reader waiting for the rest: the group is
+then not started again, its views age, and the watchdog has systemd restart the daemon.)
 
 Start-up is two-step so a reload can prepare new groups before it stops the old ones: a group loads its models and
 says "ready" (or why it failed), then starts its cameras only when told to go.
@@ -110,8 +112,6 @@ def group_config(cfg: AppConfig, cameras: int) -> AppConfig:
     log.info("camera group of %d camera(s): max_batch %d (of %d): no batch can hold more frames", cameras, most,
              inference.max_batch)
     return cfg.model_copy(update={"inference": inference.model_copy(update={"max_batch": most})})
-
-
 
 
 class _GroupCameras:
