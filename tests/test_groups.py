@@ -86,7 +86,11 @@ def test_groups_analyse_every_camera_survive_a_killed_process_and_reload_back(
 
     # status and metrics describe the groups' cameras and models, read from their processes
     base = f"http://127.0.0.1:{port}"
-    assert wait_until(lambda: len(_get(f"{base}/api/status")["cameras"]) == 3, 10), "no camera views in status"
+    def streaming_views() -> bool:
+        cameras = _get(f"{base}/api/status")["cameras"]
+        return len(cameras) == 3 and all(cam["state"] == "streaming" and cam["frames_analysed"] for cam in cameras)
+
+    assert wait_until(streaming_views, 10), _get(f"{base}/api/status")["cameras"]
     status = _get(f"{base}/api/status")
     assert {cam["name"]: cam["state"] for cam in status["cameras"]} == \
         {"lobby": "streaming", "door": "streaming", "hall": "streaming"}, status["cameras"]
@@ -95,6 +99,10 @@ def test_groups_analyse_every_camera_survive_a_killed_process_and_reload_back(
         any(key.endswith("@cameras-2") for key in status["models"]), status["models"]
     assert wait_until(lambda: re.search(r'emotion_batch_size_count\{model="[^"]+@cameras-2"\} [1-9]',
                                         _get(f"{base}/metrics")), 10), "no batches counted for cameras-2's models"
+    # the status page's annotated preview of a group's camera, rendered in its group
+    with urllib.request.urlopen(f"{base}/preview/hall.jpg", timeout=5) as response:
+        assert response.status == 200 and response.headers["Content-Type"] == "image/jpeg"
+        assert response.read()[:3] == b"\xff\xd8\xff"  # a JPEG
 
     # a group process dies: it is started again, and the other group's camera is analysed meanwhile
     killed_pid = groups["cameras-2"][0]

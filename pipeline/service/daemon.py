@@ -69,7 +69,7 @@ from pipeline.service.parts import (
     set_rtsp_transport,
     warn_if_events_unseen,
 )
-from pipeline.service.preview import PreviewStore
+from pipeline.service.preview import PreviewStore, RenderedPreview
 from pipeline.service.reload import ReloadPlan, enabled_cameras, plan_reload
 from pipeline.service.server import ServerStartError, StatusServer
 from pipeline.service.snapshot import DaemonSnapshot, ModelView, OutputView, model_view
@@ -128,7 +128,7 @@ class Daemon:
         self.notifier = notifier or Notifier()
         self.hub = EventHub()
         self.hub.snapshot = self.ws_snapshot
-        self.previews = PreviewStore(cfg.server.preview_fps, self._raw_frame)
+        self.previews = PreviewStore(cfg.server.preview_fps, self._raw_frame, self._group_preview)
         self.metrics = PipelineMetrics(self.snapshot)
         self.server: StatusServer | None = None
         self.recent_commands: deque[Event] = deque(maxlen=RECENT_COMMANDS)
@@ -237,6 +237,13 @@ class Daemon:
         frame = getattr(cam.worker, "last_frame", None) if cam is not None else None
         if frame is not None and frame.index == obs.frame_index:
             self.previews.update(frame, obs)
+
+    def _group_preview(self, camera: str) -> RenderedPreview | None:
+        """A camera group's camera: its preview as the group renders it (frames never leave the group)."""
+        for group in self.groups:
+            if any(cam.name == camera for cam in group.cameras):
+                return group.preview(camera)
+        return None
 
     def _raw_frame(self, camera: str) -> Frame | None:
         cam = self.cameras.get(camera)

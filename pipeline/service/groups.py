@@ -39,13 +39,13 @@ from typing import Any
 from pipeline.capture.thread import CaptureThread
 from pipeline.config.app import AppConfig, CameraConfig
 from pipeline.core.redact import mask_secrets
-from pipeline.core.types import CameraEvent, Observation
+from pipeline.core.types import CameraEvent, Frame, Observation
 from pipeline.inference.backend import BackendError
 from pipeline.inference.batching import BatchStats
 from pipeline.inference.perception import Analyzer
 from pipeline.inference.settings import InferenceConfig
 from pipeline.modelprep.manifest import ManifestError, ModelError
-from pipeline.service.cameras import Camera
+from pipeline.service.cameras import Camera, PreviewingWorker
 from pipeline.service.lifecycle import join_all, run_bounded
 from pipeline.service.logs import setup_logging
 from pipeline.service.metrics import deque_tail
@@ -56,12 +56,13 @@ from pipeline.service.parts import (
     open_camera_source,
     set_rtsp_transport,
 )
+from pipeline.service.preview import PreviewStore, RenderedPreview
 from pipeline.service.snapshot import CameraView, ModelView, model_view
-from pipeline.service.worker import CameraWorker
 
 log = logging.getLogger(__name__)
 
 VIEW_INTERVAL_S = 0.5
+PREVIEW_WAIT_S = 1.0  # how long the status page waits for a group's preview before it shows the last one
 QUEUE_SIZE = 1024  # messages a group may have in flight to the daemon; observations beyond are dropped (counted)
 BACKOFF_S = (1.0, 30.0)  # first and longest wait before a dead group is started again
 STEADY_S = 60.0  # a group that ran this long starts its backoff over when it dies
@@ -126,8 +127,9 @@ class _GroupCameras:
             capture_stop, worker_stop = threading.Event(), threading.Event()
             capture = CaptureThread(cam_cfg, capture_stop, self._on_event,
                                     lambda c: open_camera_source(cfg.inference, c))
-            worker = CameraWorker(capture, perception, new_tracker(cfg), self._on_observation, worker_stop)
+            worker = PreviewingWorker(capture, perception, new_tracker(cfg), self._on_observation, worker_stop)
             self.cameras[cam_cfg.name] = Camera(cam_cfg, capture, worker, capture_stop, worker_stop)
+        self.previews = PreviewStore(cfg.server.preview_fps, self._raw_frame)
 
     def start(self) -> None:
         for cam in self.cameras.values():
@@ -140,7 +142,15 @@ class _GroupCameras:
             cam.note_event(event)
         self._send(("event", event))
 
+    def _raw_frame(self, camera: str) -> Frame | None:
+        cam = self.cameras.get(camera)
+        return cam.capture.slot.latest if cam is not None else None
+
     def _on_observation(self, obs: Observation) -> None:
+        cam = self.cameras.get(obs.camera)
+        frame = getattr(cam.worker, "last_frame", None) if cam is not None else None
+        if frame is not None and frame.index == obs.frame_index:
+            self.previews.update(frame, obs)
         try:
             self.out.put_nowait(("observation", obs))
         except queue.Full:  # the daemon is not reading: behaviour wants what happens now, not a backlog
@@ -151,6 +161,10 @@ class _GroupCameras:
             self.out.put(message, timeout=1.0)
         except queue.Full:
             log.warning("camera group: the daemon is not reading; %s message dropped", message[0])
+
+    def send_preview(self, camera: str) -> None:
+        """The camera's annotated JPEG for the daemon's status page (rendered here, where the frames are)."""
+        self._send(("preview", camera, self.previews.jpeg(camera)))
 
     def send_views(self) -> None:
         now = time.monotonic()
@@ -200,6 +214,22 @@ def _next_command(control: Connection, timeout: float | None) -> str | None:
         return "stop"
 
 
+def _serve(group: _GroupCameras, control: Connection) -> None:
+    """Views every VIEW_INTERVAL_S, previews when asked ("preview:CAMERA"), until "stop" or every camera ended."""
+    due = time.monotonic()
+    while True:
+        command = _next_command(control, max(0.0, due - time.monotonic()))
+        if command == "stop":
+            return
+        if command is not None and command.startswith("preview:"):
+            group.send_preview(command.split(":", 1)[1])
+        if time.monotonic() >= due:
+            group.send_views()
+            due = time.monotonic() + VIEW_INTERVAL_S
+            if group.ended():
+                return
+
+
 def run_group(cfg: AppConfig, cameras: list[CameraConfig], out: Any, control: Connection,
               log_level: str | None) -> None:
     """A group process's main: load the models, say ready, start the cameras on "go", send views until "stop" (or
@@ -221,10 +251,7 @@ def run_group(cfg: AppConfig, cameras: list[CameraConfig], out: Any, control: Co
         return
     group.start()
     try:
-        while _next_command(control, VIEW_INTERVAL_S) is None:
-            group.send_views()
-            if group.ended():
-                break
+        _serve(group, control)
     finally:
         group.stop()
         group.send_views()
@@ -270,6 +297,9 @@ class CameraGroup:
         self._queue: Any = None
         self._go = False  # the cameras may start (a process started again is told at once)
         self._control: Connection | None = None
+        self._control_lock = threading.Lock()  # the status server's threads ask for previews at once
+        self._previews: dict[str, RenderedPreview | None] = {}
+        self._preview_arrived = threading.Condition()
         self._reader = threading.Thread(target=self._read_loop, name=f"group-{self.name}", daemon=True)
 
     def start(self) -> None:
@@ -309,12 +339,22 @@ class CameraGroup:
         self._go = True
         self._command("go")
 
+    def preview(self, camera: str, timeout_s: float = PREVIEW_WAIT_S) -> RenderedPreview | None:
+        """The camera's annotated JPEG, rendered by the group (None when it has no frame yet or does not answer)."""
+        with self._preview_arrived:
+            self._previews.pop(camera, None)
+        self._command(f"preview:{camera}")
+        with self._preview_arrived:
+            self._preview_arrived.wait_for(lambda: camera in self._previews, timeout_s)
+            return self._previews.get(camera)
+
     def _command(self, command: str) -> None:
         control = self._control
         if control is None:
             return
         try:
-            control.send(command)
+            with self._control_lock:
+                control.send(command)
         except OSError as exc:  # the process is gone: the reader starts it again, or the group is over
             log.debug("%s: %s not delivered (%s)", self.name, command, exc)
 
@@ -360,6 +400,10 @@ class CameraGroup:
         elif kind == "views":
             self.views, self.observations_dropped = message[1], message[3]
             self.models = tuple(self._absorb(view) for view in message[2])
+        elif kind == "preview":
+            with self._preview_arrived:
+                self._previews[message[1]] = message[2]
+                self._preview_arrived.notify_all()
         elif kind == "ready":
             self._ready.set()
         elif kind == "failed":

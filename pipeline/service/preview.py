@@ -38,10 +38,12 @@ class RenderedPreview:
 class PreviewStore:
     """Latest frame + observation per camera, and a per-camera cache of the rendered JPEG."""
 
-    def __init__(self, fps: float, raw_frame: Callable[[str], Frame | None] | None = None) -> None:
+    def __init__(self, fps: float, raw_frame: Callable[[str], Frame | None] | None = None,
+                 remote: Callable[[str], RenderedPreview | None] | None = None) -> None:
         self.fps = fps
         self.renders = 0
         self._raw_frame = raw_frame or (lambda _name: None)
+        self._remote = remote  # a camera whose frames are in another process (a camera group) renders there
         self._latest: dict[str, tuple[Frame, Observation]] = {}
         self._cache: dict[str, RenderedPreview] = {}
         self._lock = threading.Lock()
@@ -69,7 +71,7 @@ class PreviewStore:
                 return cached
             frame, obs = self._pick(camera, now)
             if frame is None:
-                return cached
+                return self._remote_jpeg(camera) or cached
             key = (frame.index, int(obs is not None))
             if cached is not None and cached.key == key:
                 return cached
@@ -81,6 +83,13 @@ class PreviewStore:
             self._cache[camera] = rendered
             self.renders += 1
             return rendered
+
+    def _remote_jpeg(self, camera: str) -> RenderedPreview | None:
+        """A camera of another process: its preview from there, cached here like a local one (same rate limit)."""
+        rendered = self._remote(camera) if self._remote is not None else None
+        if rendered is not None:
+            self._cache[camera] = rendered
+        return rendered
 
     def _pick(self, camera: str, now: float) -> tuple[Frame | None, Observation | None]:
         latest = self._latest.get(camera)
