@@ -204,8 +204,9 @@ def _ignore_signals() -> None:
 
 
 def _next_command(control: Connection, timeout: float | None) -> str | None:
-    """The daemon's next command ("go" or "stop"), None if none came within `timeout`; "stop" when the daemon is gone
-    (its end of the pipe closed). A pipe, not a shared Event: no lock that a killed process could leave held."""
+    """The daemon's next command ("go", "preview:CAMERA" or "stop"), None if none came within `timeout`; "stop" when
+    the daemon is gone (its end of the pipe closed). A pipe, not a shared Event: no lock that a killed process could
+    leave held."""
     try:
         if not control.poll(timeout):
             return None
@@ -246,7 +247,10 @@ def run_group(cfg: AppConfig, cameras: list[CameraConfig], out: Any, control: Co
         return
     group = _GroupCameras(cfg, cameras, perception, out)
     out.put(("ready",))
-    if _next_command(control, None) != "go":
+    command = _next_command(control, None)
+    while command not in ("go", "stop"):  # nothing to preview before the cameras start
+        command = _next_command(control, None)
+    if command == "stop":
         run_bounded(perception.close, GROUP_STOP["models"], "models")
         return
     group.start()
