@@ -118,18 +118,21 @@ def test_groups_analyse_every_camera_survive_a_killed_process_and_reload_back(
     assert len(daemon.of("observation", "lobby")) > lobby_before, "lobby stopped while the other group was down"
     assert _alive(_groups_started(daemon)["cameras-2"][0])
 
-    # a reload that sets processes: 1 moves every camera back into the daemon's own process
-    write_config(config, cams, port=port)
+    # a reload that sets processes: 1 (and drops hall) moves the cameras back into the daemon's own process
+    assert 'camera="hall"' in _get(f"{base}/metrics")
+    write_config(config, cams[:2], port=port)
     daemon.signal(signal.SIGHUP)
     daemon.wait_for(lambda: any(e["status"] == "applied" for e in daemon.of("config")), 60, "the reload applied")
-    counts = {name: len(daemon.of("observation", name)) for name in ("lobby", "door", "hall")}
+    counts = {name: len(daemon.of("observation", name)) for name in ("lobby", "door")}
     for name in counts:
         daemon.wait_for(lambda n=name: len(daemon.of("observation", n)) > counts[n] + 3, 60,
                         f"{name} analysed in the daemon's process")
     assert wait_until(lambda: not any(_alive(pid) for pid, _ in _groups_started(daemon).values()), 5), \
         "a group process outlived the reload that ended the groups"
-    models = _get(f"{base}/api/status")["models"]
-    assert not any("@cameras-" in key for key in models), models
+    status = _get(f"{base}/api/status")
+    assert not any("@cameras-" in key for key in status["models"]), status["models"]
+    assert sorted(cam["name"] for cam in status["cameras"]) == ["door", "lobby"], status["cameras"]
+    assert 'camera="hall"' not in _get(f"{base}/metrics"), "the removed camera's series outlived it"
 
     code, _ = daemon.terminate(timeout=15)
     assert code == 0, daemon.stderr_text()[-2000:]

@@ -503,6 +503,10 @@ class Daemon:
         """Stop the cameras wherever they run (group processes or this one), then start them as `new` says: in the
         new groups (prepared by _apply), or here on `perception`."""
         stop_groups(self.groups, JOIN_TIMEOUT_S)
+        kept = enabled_cameras(new)
+        for cam_cfg in [c for group in self.groups for c in group.cameras if c.name not in kept]:
+            self.previews.forget(cam_cfg.name)  # a camera gone from the config: its series and preview go too
+            self.metrics.forget_camera(cam_cfg.name)
         self.groups = []
         for name in list(self.cameras):
             self.stop_camera(name)
