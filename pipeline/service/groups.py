@@ -286,7 +286,8 @@ class CameraGroup:
         self.cfg, self.cameras, self.handlers, self.log_level = cfg, cameras, handlers, log_level
         self.views: tuple[CameraView, ...] = ()
         self.models: tuple[ModelView, ...] = ()
-        self.observations_dropped = 0
+        self.observations_dropped = 0  # over every process the group had (each counts from 0)
+        self._dropped_earlier = 0
         self.restarts = 0
         self.ended = False
         self._stats: dict[str, BatchStats] = {}  # one object per model for metrics' cursors, fed by each view
@@ -313,6 +314,7 @@ class CameraGroup:
 
     def _launch(self) -> None:
         self._queue = self._ctx.Queue(QUEUE_SIZE)
+        self._dropped_earlier = self.observations_dropped
         self._ready.clear()
         self._failure = None
         receive, self._control = self._ctx.Pipe(duplex=False)
@@ -402,7 +404,7 @@ class CameraGroup:
         elif kind == "event":
             self.handlers.camera_event(message[1])
         elif kind == "views":
-            self.views, self.observations_dropped = message[1], message[3]
+            self.views, self.observations_dropped = message[1], self._dropped_earlier + message[3]
             self.models = tuple(self._absorb(view) for view in message[2])
         elif kind == "preview":
             with self._preview_arrived:
