@@ -13,12 +13,16 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from pipeline.capture.stats import CameraHealth, connection_quality
+from pipeline.capture.thread import CaptureThread
 from pipeline.core.redact import mask_secrets
+from pipeline.service.lifecycle import join_all
 from pipeline.service.snapshot import CameraView
 from pipeline.service.worker import CameraWorker
 
 if TYPE_CHECKING:
-    from pipeline.capture.thread import CaptureThread
+    from collections.abc import Callable
+
+    from pipeline.capture.source_base import VideoSource
     from pipeline.config.app import CameraConfig
     from pipeline.core.types import (
         CameraEvent,
@@ -70,9 +74,18 @@ class Camera:
             return
         self.last_failure, self.last_failure_ts = reason, event.ts
 
+    def start(self) -> None:
+        self.capture.start()
+        self.worker.start()
+
     def signal_stop(self) -> None:
         self.worker_stop.set()
         self.capture_stop.set()
+
+    def analysed_frame(self, obs: Observation) -> Frame | None:
+        """The frame `obs` describes, when this camera's worker still holds it (for the annotated preview)."""
+        frame = getattr(self.worker, "last_frame", None)
+        return frame if frame is not None and frame.index == obs.frame_index else None
 
     def with_worker(self, worker: CameraWorker, stop: threading.Event) -> Camera:
         """The same camera (same capture, same start time) analysed by a new worker; a reload swaps it in."""
@@ -105,6 +118,23 @@ class Camera:
             worker_heartbeat=stats.heartbeat, latency_ms=stats.last_latency_ms, stalls_total=capture.stalls.total,
             busy_skips=stats.skipped_busy, errors=stats.errors, last_failure=self.last_failure,
             last_failure_ts=self.last_failure_ts)
+
+
+def new_camera(cam_cfg: CameraConfig, on_event: Callable[[CameraEvent], None],
+               open_source: Callable[[CameraConfig], VideoSource],
+               new_worker: Callable[[CaptureThread, threading.Event], CameraWorker]) -> Camera:
+    """A camera's capture thread and worker (not started), each with its own stop event."""
+    capture_stop, worker_stop = threading.Event(), threading.Event()
+    capture = CaptureThread(cam_cfg, capture_stop, on_event, open_source)
+    return Camera(cam_cfg, capture, new_worker(capture, worker_stop), capture_stop, worker_stop)
+
+
+def stop_cameras(cams: list[Camera], captures_s: float, workers_s: float) -> None:
+    """Signal every camera at once, then join the captures, then the workers, each set within its budget."""
+    for cam in cams:
+        cam.signal_stop()
+    join_all([cam.capture for cam in cams], captures_s)
+    join_all([cam.worker for cam in cams], workers_s)
 
 
 @dataclass

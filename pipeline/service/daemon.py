@@ -47,6 +47,8 @@ from pipeline.service.cameras import (
     DropCounter,
     ObservationQueue,
     PreviewingWorker,
+    new_camera,
+    stop_cameras,
 )
 from pipeline.service.groups import (
     CameraGroup,
@@ -199,12 +201,10 @@ class Daemon:
         return open_camera_source(self.cfg.inference, cam_cfg)
 
     def start_camera(self, cam_cfg: CameraConfig) -> None:
-        capture_stop, worker_stop = threading.Event(), threading.Event()
-        capture = CaptureThread(cam_cfg, capture_stop, self._on_camera_event, self._open_source)
-        worker = self.new_worker(capture, new_tracker(self.cfg), worker_stop)
-        self.cameras = {**self.cameras, cam_cfg.name: Camera(cam_cfg, capture, worker, capture_stop, worker_stop)}
-        capture.start()
-        worker.start()
+        cam = new_camera(cam_cfg, self._on_camera_event, self._open_source,
+                         lambda capture, stop: self.new_worker(capture, new_tracker(self.cfg), stop))
+        self.cameras = {**self.cameras, cam_cfg.name: cam}
+        cam.start()
 
     def stop_camera(self, name: str) -> None:
         cam = self.cameras[name]
@@ -234,8 +234,8 @@ class Daemon:
         self.observations.put(obs)
         self.metrics.observe(obs, event["latency_ms"]["total"] / 1000.0)
         cam = self.cameras.get(obs.camera)
-        frame = getattr(cam.worker, "last_frame", None) if cam is not None else None
-        if frame is not None and frame.index == obs.frame_index:
+        frame = cam.analysed_frame(obs) if cam is not None else None
+        if frame is not None:
             self.previews.update(frame, obs)
 
     def _group_preview(self, camera: str) -> RenderedPreview | None:
@@ -462,7 +462,7 @@ class Daemon:
             if groups:
                 stop_groups(groups, CLOSE_TIMEOUT_S)
             raise
-        self._swap(new, plan, perception, sinks, groups if regroup else None)
+        self._swap(new, plan, perception, sinks, regroup, groups)
 
     def _regroups(self, new: AppConfig, plan: ReloadPlan) -> bool:
         """Whether the reload moves cameras into new group processes or back into this one: with groups before or
@@ -471,7 +471,7 @@ class Daemon:
         return bool(touched) and (bool(self.groups) or new.inference.processes > 1)
 
     def _swap(self, new: AppConfig, plan: ReloadPlan, perception: Analyzer | None, sinks: list[Sink] | None,
-              groups: list[CameraGroup] | None = None) -> None:
+              regroup: bool = False, groups: list[CameraGroup] | None = None) -> None:
         """The part of a reload that cannot fail: settings, outputs, behaviour, then cameras and workers."""
         if plan.server == "live" and self.server is not None:
             self.server.update(new.server)
@@ -487,7 +487,7 @@ class Daemon:
             self.mapper = BehaviorRouter(new.behavior, new.avatars)
             self.current = {}
         self.cfg = new
-        if groups is not None or (self.groups and self._regroups(new, plan)):
+        if regroup:
             self._regroup(new, perception, groups)
             return
         for name in plan.removed + plan.changed:
@@ -573,11 +573,7 @@ class Daemon:
         began = time.monotonic()
         self.notifier.stopping()
         self.stop_event.set()
-        cams = list(self.cameras.values())
-        for cam in cams:
-            cam.signal_stop()
-        join_all([cam.capture for cam in cams], STOP_BUDGET["cameras"])
-        join_all([cam.worker for cam in cams], STOP_BUDGET["workers"])
+        stop_cameras(list(self.cameras.values()), STOP_BUDGET["cameras"], STOP_BUDGET["workers"])
         stop_groups(self.groups, STOP_BUDGET["cameras"] + STOP_BUDGET["workers"] + STOP_BUDGET["models"])
         if self.perception is not None:
             run_bounded(self.perception.close, STOP_BUDGET["models"], "models")

@@ -36,7 +36,6 @@ from multiprocessing.context import SpawnProcess
 from pathlib import Path
 from typing import Any
 
-from pipeline.capture.thread import CaptureThread
 from pipeline.config.app import AppConfig, CameraConfig
 from pipeline.core.redact import mask_secrets
 from pipeline.core.types import CameraEvent, Frame, Observation
@@ -45,8 +44,8 @@ from pipeline.inference.batching import BatchStats
 from pipeline.inference.perception import Analyzer
 from pipeline.inference.settings import InferenceConfig
 from pipeline.modelprep.manifest import ManifestError, ModelError
-from pipeline.service.cameras import Camera, PreviewingWorker
-from pipeline.service.lifecycle import join_all, run_bounded
+from pipeline.service.cameras import PreviewingWorker, new_camera, stop_cameras
+from pipeline.service.lifecycle import run_bounded
 from pipeline.service.logs import setup_logging
 from pipeline.service.metrics import deque_tail
 from pipeline.service.parts import (
@@ -122,19 +121,15 @@ class _GroupCameras:
         self.cfg, self.perception, self.out = cfg, perception, out
         self.dropped = 0
         self._sent: dict[str, tuple[int, int]] = {}  # per model: batches and items already described
-        self.cameras: dict[str, Camera] = {}
-        for cam_cfg in cameras:
-            capture_stop, worker_stop = threading.Event(), threading.Event()
-            capture = CaptureThread(cam_cfg, capture_stop, self._on_event,
-                                    lambda c: open_camera_source(cfg.inference, c))
-            worker = PreviewingWorker(capture, perception, new_tracker(cfg), self._on_observation, worker_stop)
-            self.cameras[cam_cfg.name] = Camera(cam_cfg, capture, worker, capture_stop, worker_stop)
+        self.cameras = {cam_cfg.name: new_camera(
+            cam_cfg, self._on_event, lambda c: open_camera_source(cfg.inference, c),
+            lambda capture, stop: PreviewingWorker(capture, perception, new_tracker(cfg), self._on_observation, stop))
+            for cam_cfg in cameras}
         self.previews = PreviewStore(cfg.server.preview_fps, self._raw_frame)
 
     def start(self) -> None:
         for cam in self.cameras.values():
-            cam.capture.start()
-            cam.worker.start()
+            cam.start()
 
     def _on_event(self, event: CameraEvent) -> None:
         cam = self.cameras.get(event.camera)
@@ -148,8 +143,8 @@ class _GroupCameras:
 
     def _on_observation(self, obs: Observation) -> None:
         cam = self.cameras.get(obs.camera)
-        frame = getattr(cam.worker, "last_frame", None) if cam is not None else None
-        if frame is not None and frame.index == obs.frame_index:
+        frame = cam.analysed_frame(obs) if cam is not None else None
+        if frame is not None:
             self.previews.update(frame, obs)
         try:
             self.out.put_nowait(("observation", obs))
@@ -188,11 +183,7 @@ class _GroupCameras:
         return not any(cam.capture.is_alive() for cam in self.cameras.values())
 
     def stop(self) -> None:
-        cams = list(self.cameras.values())
-        for cam in cams:
-            cam.signal_stop()
-        join_all([cam.capture for cam in cams], GROUP_STOP["cameras"])
-        join_all([cam.worker for cam in cams], GROUP_STOP["workers"])
+        stop_cameras(list(self.cameras.values()), GROUP_STOP["cameras"], GROUP_STOP["workers"])
         run_bounded(self.perception.close, GROUP_STOP["models"], "models")
 
 
@@ -288,7 +279,6 @@ class CameraGroup:
         self.models: tuple[ModelView, ...] = ()
         self.observations_dropped = 0  # over every process the group had (each counts from 0)
         self._dropped_earlier = 0
-        self.restarts = 0
         self.ended = False
         self._stats: dict[str, BatchStats] = {}  # one object per model for metrics' cursors, fed by each view
         self._ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited threads, CUDA or locks
@@ -447,7 +437,6 @@ class CameraGroup:
         if self._stopping.wait(self._backoff):
             return False
         self._backoff = min(BACKOFF_S[1], self._backoff * 2)
-        self.restarts += 1
         self._launch()
         return True
 

@@ -45,8 +45,8 @@ def run_groups(args: argparse.Namespace, cfg: AppConfig, recorder: Any, warmup_s
         wall, utilisation = record_window(recorder, args.duration)
         cpu_s = _cpu_seconds(pids) - cpu0
         frames_in = _frames_in(groups) - frames_in0
-        rss_mb, peak_mb = _rss_mb(pids)
-        gpu_mb = _gpu_memory_mb(pids)
+        rss_mb, peak_mb = rss_mb_of(pids)
+        gpu_mb = gpu_memory_mb(pids)
         batching = _batch_stats([model for group in groups for model in group.models])
     finally:
         stop_groups(groups, 5.0)
@@ -83,24 +83,20 @@ def _frames_in(groups: list[CameraGroup]) -> int:
     return sum(view.health.frames_in for group in groups for view in group.views)
 
 
-def _proc_fields(pid: int | str, name: str) -> list[str]:
-    with open(f"/proc/{pid}/{name}") as handle:
-        return handle.read().split()
-
-
 def _cpu_seconds(pids: list[int]) -> float:
     """CPU time of this process and the groups' (utime + stime from /proc)."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     ticks = os.sysconf("SC_CLK_TCK")
     total = own.ru_utime + own.ru_stime
     for pid in pids:
-        fields = " ".join(_proc_fields(pid, "stat")).rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
         total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime: fields 14 and 15 of stat
     return total
 
 
-def _rss_mb(pids: list[int]) -> tuple[float, float]:
-    """Resident memory now and at its peak, summed over this process and the groups."""
+def rss_mb_of(pids: list[int]) -> tuple[float, float]:
+    """Resident memory now and at its peak, summed over this process and `pids`."""
     now = peak = 0.0
     for pid in ["self", *pids]:
         with open(f"/proc/{pid}/status") as handle:
@@ -108,12 +104,6 @@ def _rss_mb(pids: list[int]) -> tuple[float, float]:
         now += float(fields["VmRSS"].split()[0]) / 1024
         peak += float(fields["VmHWM"].split()[0]) / 1024
     return now, peak
-
-
-def _gpu_memory_mb(pids: list[int]) -> float | None:
-    used = [gpu_memory_mb(pid) for pid in [os.getpid(), *pids]]
-    known = [mb for mb in used if mb is not None]
-    return sum(known) if known else None
 
 
 def _batch_stats(models: list[ModelView]) -> dict[str, Any]:

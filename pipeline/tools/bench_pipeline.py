@@ -30,7 +30,12 @@ from pipeline.inference.perception import Analyzer, load_perception
 from pipeline.modelprep.frame_graphs import FrameFormat
 from pipeline.service.parts import limit_opencv_threads
 from pipeline.service.worker import CameraWorker
-from pipeline.tools.bench_groups import batch_figures, record_window, run_groups
+from pipeline.tools.bench_groups import (
+    batch_figures,
+    record_window,
+    rss_mb_of,
+    run_groups,
+)
 from pipeline.tools.gpu_sampler import gpu_memory_mb
 from pipeline.vision.track import IouTracker
 
@@ -144,11 +149,6 @@ class _Recorder:
             self.stage_ms.setdefault("other", []).append(latency - sum(obs.latency_ms.values()))
 
 
-def _rss_mb() -> tuple[float, float]:
-    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
-    return float(fields["VmRSS"].split()[0]) / 1024, float(fields["VmHWM"].split()[0]) / 1024
-
-
 class _TritonWindow:
     """Triton's own batcher counters over the measured window (backend triton only): items ÷ model executions on
     the server shows how far its dynamic batcher merged what the daemon sent."""
@@ -215,7 +215,7 @@ def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
     usage1 = resource.getrusage(resource.RUSAGE_SELF)
     frames_in = sum(c.frames_in.total for c in captures) - frames_in0
     analysed = sum(w.stats.analysed.total for w in workers) - analysed0
-    gpu_mb, (rss_mb, peak_mb) = gpu_memory_mb(), _rss_mb()
+    gpu_mb, (rss_mb, peak_mb) = gpu_memory_mb(), rss_mb_of([])
     threads = len(os.listdir("/proc/self/task"))  # every thread of the process, the libraries' own included
     batch_stats = _batch_stats(unique)  # type: ignore[arg-type]
     stop.set()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+from collections.abc import Iterable
 
 QUERY = ["nvidia-smi", "--query-gpu=utilization.gpu,utilization.decoder", "--format=csv,noheader,nounits"]
 
@@ -62,13 +63,14 @@ class GpuSampler(threading.Thread):
         return {"gpu_busy_pct": round(gpu, 1), "nvdec_busy_pct": round(nvdec, 1), "samples": len(self.samples)}
 
 
-def gpu_memory_mb(pid: int | None = None) -> float | None:
-    """A process's GPU memory (this one's by default) from nvidia-smi (None where there is no NVIDIA GPU)."""
+def gpu_memory_mb(pids: Iterable[int] = ()) -> float | None:
+    """GPU memory of this process and `pids` together, from one nvidia-smi query (None where there is no NVIDIA GPU
+    or none of them holds any)."""
     try:
         out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=10, check=False).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    wanted = str(os.getpid() if pid is None else pid)
-    used = [float(line.split(",")[1]) for line in out.splitlines() if line.split(",")[0].strip() == wanted]
+    wanted = {str(pid) for pid in (os.getpid(), *pids)}
+    used = [float(line.split(",")[1]) for line in out.splitlines() if line.split(",")[0].strip() in wanted]
     return sum(used) if used else None
