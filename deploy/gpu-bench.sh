@@ -2,7 +2,8 @@
 # The GPU measurements of BENCHMARKS.md, run on the lent H200 (see ../shared/tools/gpu-machine.md for getting
 # onnxruntime-gpu there). Usage there, from the project root, with the prepared models/ and a copy of the test
 # videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
-#  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | groups | ab)
+#  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | groups |
+#  nvdec-latency | ab)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
 set -uo pipefail
@@ -127,16 +128,22 @@ case "${1:-check}" in
     done
     ;;
   groups)  # the daemon's own camera groups (bench pipeline --processes P, observations back through the queue) under
-    # MPS, against one process, 64 cameras of 1080p, in one session
+    # MPS, against one process, CAMS cameras of CLIP (default group_1080p.mp4) at FPS (25), in one session
     export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" && nvidia-cuda-mps-control -d && echo "MPS daemon up"
     trap 'echo quit | nvidia-cuda-mps-control' EXIT
-    for procs in ${PROCS:-4 1}; do
-      python3 run_pipeline.py bench pipeline --video "$PWD/.benchdata/video/group_1080p.mp4" --cameras "${CAMS:-64}" \
-        --fps 25 --device cuda --precision fp16 --detector-input 640x352 --max-batch 64 --lanes 1 --batch-step 2 \
-        --mode batched --decode gpu --frame-path graph --duration "${DURATION:-20}" --processes "$procs" \
-        --log-level warning --json "$OUT/groups_${procs}.json" | tail -3
+    clip=${CLIP:-group_1080p.mp4}
+    for procs in ${PROCS:-4 2 1}; do
+      python3 run_pipeline.py bench pipeline --video "$PWD/.benchdata/video/$clip" --cameras "${CAMS:-64}" \
+        --fps "${FPS:-25}" --device cuda --precision fp16 --detector-input 640x352 --max-batch 64 --lanes 1 \
+        --batch-step 2 --mode batched --decode gpu --frame-path graph --duration "${DURATION:-20}" --processes "$procs" \
+        --log-level warning --json "$OUT/groups_${clip%.mp4}_${procs}.json" | tail -3
     done
+    ;;
+  nvdec-latency)  # NVDEC's display latency per mode (frames held back), memory per decoder, and NvdecSource's choice
+    python3 deploy/nvdec_latency_probe.py .benchdata/video/group_1080p.mp4 .benchdata/video/group_1080p_ipp.mp4 \
+      .benchdata/video/woman2.mp4 2> "$OUT/nvdec_latency.err" | tee "$OUT/nvdec_latency.jsonl"
+    tail -3 "$OUT/nvdec_latency.err"
     ;;
   ab)  # this tree against BASE=DIR (a copy of an older commit), 64 cameras of 1080p on the frame graphs path, run
     # alternately (new, base, new, base) in one session so drift shows

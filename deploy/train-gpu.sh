@@ -11,6 +11,11 @@
 # Usage there:  EPOCHS=80 bash deploy/train-gpu.sh      (SMALL, TEACHER, EXTRA override the sets of runs)
 # Recipe variants of one network instead (phase 1 only, in parallel, each NAME=OPTIONS separated by '|'):
 #   VARIANTS="ema=--ema 0.999|mixup=--mixup 0.2|both=--ema 0.999 --mixup 0.2" ARCH=resnet_t:64 bash deploy/train-gpu.sh
+# An ensemble distilled into one network: PHASE=1 trains ARCH once per seed of SEEDS (in parallel); PHASE=2 trains each
+# student of STUDENTS (NAME=OPTIONS separated by '|') from all those seed runs at once (--teacher with several folders:
+# their averaged probabilities). The phases are apart so that each fits in one 10-minute device call:
+#   SEEDS="0 1 2" ARCH=resnet_t:64 PHASE=1 bash deploy/train-gpu.sh
+#   SEEDS="0 1 2" STUDENTS="kd=|kd_erase=--erase 0.5" ARCH=resnet_t:64 PHASE=2 bash deploy/train-gpu.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
 out=${TRAIN_OUT:-${OUT:-/tmp/out}}
@@ -28,6 +33,23 @@ run() {  # run NAME ARCH SIZE [more train_emotion.py options]: one training, its
     --epochs "$epochs" --seed "${SEED:-0}" "$@" 2> "$out/$name.log"
   echo "$name: $(tail -1 "$out/$name.log")"
 }
+
+if [ -n "${SEEDS:-}" ]; then
+  arch=${ARCH:-resnet_t:64}
+  if [ "${PHASE:-1}" = 1 ]; then
+    for seed in $SEEDS; do run "${arch/:/_}_s$seed" "${arch%:*}" "${arch#*:}" --seed "$seed" & done
+  else
+    teachers=(); for seed in $SEEDS; do teachers+=("$out/${arch/:/_}_s$seed"); done
+    IFS='|' read -ra students <<< "${STUDENTS:-kd=}"
+    for student in "${students[@]}"; do
+      # shellcheck disable=SC2086  # the options are meant to split into words
+      run "${arch/:/_}_${student%%=*}" "${arch%:*}" "${arch#*:}" --teacher "${teachers[@]}" ${student#*=} &
+    done
+  fi
+  wait
+  echo "phase ${PHASE:-1} done $(date +%T)"
+  exit 0
+fi
 
 if [ -n "${VARIANTS:-}" ]; then
   arch=${ARCH:-resnet_t:64}

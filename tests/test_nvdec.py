@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.capture.nvdec import nvdec_problem
+from pipeline.capture.nvdec import nvdec_problem, reorders_frames
 from pipeline.capture.settings import CameraConfig
 from pipeline.capture.source_base import SourceEnded, SourceError
 from pipeline.capture.sources import DemoSource, FileSource, open_source
@@ -84,6 +84,18 @@ def test_gpu_requested_but_unavailable_is_a_clear_source_error() -> None:
 
 
 # ---------------------------------------------------------------- NVDEC itself (GPU machine)
+
+
+@pytest.mark.parametrize(("stamps", "reorders"), [
+    ([0, 2048, 1024, 512, 1536, 4096, 3072, 2560], True),  # group_1080p.mp4's first packets (x264, B-frames)
+    ([0, 512, 1024, 1536, 2048, 2560, 3072, 3584], False),  # the same clip encoded with -bf 0 (IPPP, as IP cameras)
+    ([0, 0, 0, 0], True),  # times missing: keep display order
+    ([7], True),  # one packet cannot tell
+])
+def test_low_latency_decoding_only_without_b_frames(stamps: list[int], reorders: bool) -> None:
+    """NVDEC's LOW latency mode breaks the display order of B-frame streams: only strictly rising presentation
+    times in decoding order let a source use it."""
+    assert reorders_frames(stamps) is reorders
 
 
 @pytest.mark.gpu

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib
+import itertools
 import logging
 import threading
 import weakref
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 
 PACKAGE = "PyNvVideoCodec"
 GPU_REQUIREMENTS = "pip install -r requirements-gpu.txt"
+PEEK_PACKETS = 8  # enough for a B-frame reorder to show in the presentation times
 
 
 @functools.cache
@@ -62,6 +64,13 @@ def nvdec_problem() -> str | None:
     except OSError as exc:  # the package imports its native library, which needs the NVIDIA driver
         problem = f"{PACKAGE} cannot load: {exc}"
     return problem
+
+
+def reorders_frames(presentation_times: list[int]) -> bool:
+    """Whether packets in decoding order show B-frames: their presentation times do not strictly rise. Too few
+    packets to tell, or missing/repeated times, count as reordering (the decoder then keeps display order)."""
+    stamps = presentation_times
+    return len(stamps) < 2 or any(later <= earlier for earlier, later in zip(stamps, stamps[1:]))
 
 
 class NvdecSource(VideoSource):
@@ -91,14 +100,17 @@ class NvdecSource(VideoSource):
         self._keep_on_device = keep_on_device
         self._open_demuxer()
         codec = self._demuxer.GetNvCodecId()
+        self._low_latency = not self._has_b_frames()
         # The decoder's own non-blocking stream: its conversion kernels and our copies of its frames are ordered on
         # it, and never wait for (or hold up) the inference lanes, as work on the legacy default stream would.
         self._stream: Any = self._cuda("cudaStreamCreateWithFlags (decoder stream)",
                                        self._runtime.cudaStreamCreateWithFlags(self._runtime.cudaStreamNonBlocking))
+        latency = self._nvc.DisplayDecodeLatencyType
         try:
             self._decoder = self._nvc.CreateDecoder(gpuid=gpu, codec=codec, usedevicememory=True,
                                                     cudastream=int(self._stream),
-                                                    outputColorType=self._nvc.OutputColorType.RGB)
+                                                    outputColorType=self._nvc.OutputColorType.RGB,
+                                                    latency=latency.LOW if self._low_latency else latency.NATIVE)
         except Exception as exc:  # noqa: BLE001 - PyNvVideoCodec raises its own types for unsupported codecs
             self._destroy_stream()
             raise SourceError(f"{label}: NVDEC cannot decode this stream ({type(exc).__name__}: {exc})") from exc
@@ -112,6 +124,18 @@ class NvdecSource(VideoSource):
         except Exception as exc:  # noqa: BLE001 - FFmpeg open errors arrive as several exception types
             raise SourceError(f"cannot open {self._label} for GPU decoding ({type(exc).__name__}: {exc})") from exc
         self._packets = iter(self._demuxer)
+
+    def _has_b_frames(self) -> bool:
+        """Whether the stream reorders frames (B-frames): its first packets' presentation times do not rise.
+
+        Why: without B-frames (most IP cameras) the decoder may hand each frame out as soon as it is decoded (LOW
+        latency); PyNvVideoCodec's default (NATIVE) holds frames back first, and each held frame is 40 ms of a 25 fps
+        camera's delay that no later clock sees. With B-frames LOW would break the display order, so they keep
+        NATIVE. Missing or repeated timestamps count as reordering (the safe side). The peeked packets are decoded
+        first, in order."""
+        peeked = list(itertools.islice(self._packets, PEEK_PACKETS))
+        self._packets = itertools.chain(peeked, self._packets)
+        return reorders_frames([int(packet.pts) for packet in peeked])
 
     def grab(self, timeout: float) -> bool:
         if self._pacer is not None:
@@ -129,6 +153,8 @@ class NvdecSource(VideoSource):
         except StopIteration:
             self._end_of_stream()
             return
+        if self._low_latency:  # decode this picture now rather than on the next packet's arrival
+            packet.decode_flag = self._nvc.VideoPacketFlag.ENDOFPICTURE
         try:
             self._pending.extend(self._decoder.Decode(packet))
         except Exception as exc:  # noqa: BLE001 - a corrupt packet or a lost device: the capture thread retries
@@ -196,7 +222,8 @@ class NvdecSource(VideoSource):
 
     def describe(self) -> str:
         width, height = self._size
-        return f"{self._label} {width}x{height} (NVDEC on GPU {self._gpu})"
+        order = "no B-frames: low latency" if self._low_latency else "B-frames: display order"
+        return f"{self._label} {width}x{height} (NVDEC on GPU {self._gpu}, {order})"
 
     def close(self) -> None:
         self._pending.clear()
