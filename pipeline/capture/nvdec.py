@@ -131,11 +131,10 @@ class NvdecSource(VideoSource):
         Why: without B-frames (most IP cameras) the decoder may hand each frame out as soon as it is decoded (LOW
         latency); PyNvVideoCodec's default (NATIVE) holds frames back first, and each held frame is 40 ms of a 25 fps
         camera's delay that no later clock sees. With B-frames LOW would break the display order, so they keep
-        NATIVE. Missing or repeated timestamps count as reordering (the safe side). The peeked packets are decoded
-        first, in order."""
-        peeked = list(itertools.islice(self._packets, PEEK_PACKETS))
-        self._packets = itertools.chain(peeked, self._packets)
-        return reorders_frames([int(packet.pts) for packet in peeked])
+        NATIVE. Missing or repeated timestamps count as reordering (the safe side). The peek reads a second demuxer:
+        the first one hands out the same packet object each time (measured: kept packets decoded to nothing)."""
+        peek = self._nvc.CreateDemuxer(filename=self._location)  # its own: a demuxer reuses its packet objects
+        return reorders_frames([int(packet.pts) for packet in itertools.islice(peek, PEEK_PACKETS)])
 
     def grab(self, timeout: float) -> bool:
         if self._pacer is not None:
