@@ -98,9 +98,9 @@ class NvdecSource(VideoSource):
         self._pinned_bytes = 0
         self._pool: DevicePool | None = None
         self._keep_on_device = keep_on_device
+        self._low_latency = not self._has_b_frames()
         self._open_demuxer()
         codec = self._demuxer.GetNvCodecId()
-        self._low_latency = not self._has_b_frames()
         # The decoder's own non-blocking stream: its conversion kernels and our copies of its frames are ordered on
         # it, and never wait for (or hold up) the inference lanes, as work on the legacy default stream would.
         self._stream: Any = self._cuda("cudaStreamCreateWithFlags (decoder stream)",
@@ -131,10 +131,19 @@ class NvdecSource(VideoSource):
         Why: without B-frames (most IP cameras) the decoder may hand each frame out as soon as it is decoded (LOW
         latency); PyNvVideoCodec's default (NATIVE) holds frames back first, and each held frame is 40 ms of a 25 fps
         camera's delay that no later clock sees. With B-frames LOW would break the display order, so they keep
-        NATIVE. Missing or repeated timestamps count as reordering (the safe side). The peek reads a second demuxer:
-        the first one hands out the same packet object each time (measured: kept packets decoded to nothing)."""
-        peek = self._nvc.CreateDemuxer(filename=self._location)  # its own: a demuxer reuses its packet objects
-        return reorders_frames([int(packet.pts) for packet in itertools.islice(peek, PEEK_PACKETS)])
+        NATIVE. Missing or repeated timestamps, or a peek that fails, count as reordering (the safe side). The peek
+        has a demuxer of its own: one hands out the same packet object each time, so kept packets decode to nothing
+        (measured)."""
+        try:  # closed before the stream is opened for decoding: a camera may allow one session at a time
+            peek = self._nvc.CreateDemuxer(filename=self._location)
+            stamps = [int(packet.pts) for packet in itertools.islice(peek, PEEK_PACKETS)]
+        except Exception as exc:  # noqa: BLE001 - FFmpeg open errors arrive as several types; the real open reports
+            log.debug("%s: could not read the first packets' timestamps (%s): decoding in display order",
+                      self._label, exc)
+            return True
+        finally:
+            peek = None
+        return reorders_frames(stamps)
 
     def grab(self, timeout: float) -> bool:
         if self._pacer is not None:
