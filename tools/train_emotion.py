@@ -287,13 +287,15 @@ class Teacher:
     def log_probs(self, x: torch.Tensor, temperature: float) -> torch.Tensor:
         """log of the members' mean softmax(logits / temperature) for a batch the student sees (each member gets it
         resized to its own input side)."""
-        probs = []
+        logits = []
         with torch.no_grad():
             for net, size in zip(self.nets, self.sizes):
                 seen = x if x.shape[-1] == size else F.interpolate(x, size=(size, size), mode="bilinear",
                                                                    align_corners=False)
-                probs.append(F.softmax(net(seen).float() / temperature, 1))
-        return torch.log(torch.stack(probs).mean(0).clamp_min(1e-8))
+                logits.append(net(seen).float() / temperature)
+        if len(logits) == 1:  # one teacher: exactly what the runs distilled from one network computed
+            return F.log_softmax(logits[0], 1)
+        return torch.log(torch.stack([F.softmax(z, 1) for z in logits]).mean(0).clamp_min(1e-8))
 
     def accuracy(self, val_set: Split, device: torch.device) -> float:
         """The ensemble's own flip-averaged hold-out accuracy (mean of the members' probabilities)."""

@@ -66,10 +66,9 @@ def nvdec_problem() -> str | None:
     return problem
 
 
-def reorders_frames(presentation_times: list[int]) -> bool:
+def reorders_frames(stamps: list[int]) -> bool:
     """Whether packets in decoding order show B-frames: their presentation times do not strictly rise. Too few
     packets to tell, or missing/repeated times, count as reordering (the decoder then keeps display order)."""
-    stamps = presentation_times
     return len(stamps) < 2 or any(later <= earlier for earlier, later in zip(stamps, stamps[1:]))
 
 
