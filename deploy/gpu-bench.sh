@@ -3,7 +3,7 @@
 # onnxruntime-gpu there). Usage there, from the project root, with the prepared models/ and a copy of the test
 # videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
 #  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | groups |
-#  nvdec-latency | ab)
+#  groups-sweep | nvdec-latency | ab)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
 set -uo pipefail
@@ -137,7 +137,13 @@ case "${1:-check}" in
       python3 run_pipeline.py bench pipeline --video "$PWD/.benchdata/video/$clip" --cameras "${CAMS:-64}" \
         --fps "${FPS:-25}" --device cuda --precision fp16 --detector-input 640x352 --max-batch 64 --lanes 1 \
         --batch-step 2 --mode batched --decode gpu --frame-path graph --duration "${DURATION:-20}" --processes "$procs" \
-        --log-level warning --json "$OUT/groups_${clip%.mp4}_${procs}.json" | tail -3
+        --log-level warning --json "$OUT/groups_${clip%.mp4}_${CAMS:-64}cams_${procs}.json" | tail -3
+    done
+    ;;
+  groups-sweep)  # the most cameras that hold p99 <= 100 ms: each count of CAMS_LIST as groups of PER cameras (32)
+    per=${PER:-32}
+    for cams in ${CAMS_LIST:-64 96 128 160}; do
+      CAMS=$cams PROCS=$(( (cams + per - 1) / per )) bash "$0" groups
     done
     ;;
   nvdec-latency)  # NVDEC's display latency per mode (frames held back), memory per decoder, and NvdecSource's choice
