@@ -118,11 +118,14 @@ class NvdecSource(VideoSource):
         self._pacer = pacer_for(fps) if paced else None
 
     def _open_demuxer(self) -> None:
+        self._demuxer = self._new_demuxer()
+        self._packets = iter(self._demuxer)
+
+    def _new_demuxer(self) -> Any:
         try:
-            self._demuxer = self._nvc.CreateDemuxer(filename=self._location)
+            return self._nvc.CreateDemuxer(filename=self._location)
         except Exception as exc:  # noqa: BLE001 - FFmpeg open errors arrive as several exception types
             raise SourceError(f"cannot open {self._label} for GPU decoding ({type(exc).__name__}: {exc})") from exc
-        self._packets = iter(self._demuxer)
 
     def _has_b_frames(self) -> bool:
         """Whether the stream reorders frames (B-frames): its first packets' presentation times do not rise.
@@ -130,18 +133,19 @@ class NvdecSource(VideoSource):
         Why: without B-frames (most IP cameras) the decoder may hand each frame out as soon as it is decoded (LOW
         latency); PyNvVideoCodec's default (NATIVE) holds frames back first, and each held frame is 40 ms of a 25 fps
         camera's delay that no later clock sees. With B-frames LOW would break the display order, so they keep
-        NATIVE. Missing or repeated timestamps, or a peek that fails, count as reordering (the safe side). The peek
-        has a demuxer of its own: one hands out the same packet object each time, so kept packets decode to nothing
-        (measured)."""
-        try:  # closed before the stream is opened for decoding: a camera may allow one session at a time
-            peek = self._nvc.CreateDemuxer(filename=self._location)
+        NATIVE. Missing or repeated timestamps, or packets that cannot be read, count as reordering (the safe side).
+        The peek has a demuxer of its own, dropped before the stream is opened for decoding (a camera may allow one
+        session at a time): a demuxer hands out the same packet object each time, so kept packets decode to nothing
+        (measured). A stream that cannot be opened fails here, once, as it would at the real open."""
+        peek = self._new_demuxer()
+        try:
             stamps = [int(packet.pts) for packet in itertools.islice(peek, PEEK_PACKETS)]
-        except Exception as exc:  # noqa: BLE001 - FFmpeg open errors arrive as several types; the real open reports
+        except Exception as exc:  # noqa: BLE001 - a read error of FFmpeg's; the stream's own reads report theirs
             log.debug("%s: could not read the first packets' timestamps (%s): decoding in display order",
                       self._label, exc)
             return True
         finally:
-            peek = None
+            del peek
         return reorders_frames(stamps)
 
     def grab(self, timeout: float) -> bool:
