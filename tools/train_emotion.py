@@ -41,13 +41,21 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import cv2
 import numpy as np
 import onnx
 import torch
 import torch.nn.functional as F
 from onnx_fp16_weights import store_weights_fp16  # tools/ beside this script
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root, for the shared hold-out split
+from pipeline.tools.fer_npz import (  # noqa: E402 - after the path that makes it importable
+    HOLDOUT_FRACTION,
+    HOLDOUT_SEED,
+    BundleError,
+    load_bundle,
+    stratified_split,
+)
 
 log = logging.getLogger("train_emotion")
 
@@ -65,30 +73,15 @@ class Split:
 
 def load_fer_train(path: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """All images of the npz (JPEG bytes + offsets, see ../shared/data/README.md), decoded, with labels."""
-    data = np.load(path)
-    names = [str(n) for n in data["label_names"]]
-    if tuple(names) != LABELS:
-        raise SystemExit(f"{path}: label_names {names} are not {list(LABELS)}")
-    jpeg, offsets = data["jpeg"], data["offsets"]
-    images = np.empty((len(offsets) - 1, 48, 48), np.uint8)
-    for i in range(len(images)):
-        image = cv2.imdecode(jpeg[offsets[i]:offsets[i + 1]], cv2.IMREAD_GRAYSCALE)
-        if image is None or image.shape != (48, 48):
-            raise SystemExit(f"{path}: image {i} does not decode to 48x48 grey")
-        images[i] = image
-    return images, data["labels"].astype(np.int64), names
-
-
-def stratified_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Indices (train, validation): `fraction` of each class, chosen by `seed` (the same on every machine)."""
-    rng = np.random.RandomState(seed)
-    val = []
-    for label in range(len(LABELS)):
-        members = np.flatnonzero(labels == label)
-        val.append(rng.permutation(members)[: int(round(len(members) * fraction))])
-    val_idx = np.sort(np.concatenate(val))
-    train_idx = np.setdiff1d(np.arange(len(labels)), val_idx)
-    return train_idx, val_idx
+    try:
+        bundle = load_bundle(path)
+    except BundleError as exc:
+        raise SystemExit(str(exc)) from exc
+    if bundle.label_names != LABELS:
+        raise SystemExit(f"{path}: label_names {list(bundle.label_names)} are not {list(LABELS)}")
+    if bundle.images.shape[1:] != (48, 48):
+        raise SystemExit(f"{path}: images are {bundle.images.shape[1:]}, not 48x48 grey")
+    return bundle.images, bundle.labels, list(bundle.label_names)
 
 
 def file_sha256(path: Path) -> str:
@@ -498,8 +491,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--mixup", type=float, default=0.0, help="mixup alpha, e.g. 0.2 (default 0: no mixup)")
     parser.add_argument("--erase", type=float, default=0.0, help="share of images with a random rectangle erased, "
                         "e.g. 0.5 (default 0: none)")
-    parser.add_argument("--val-fraction", type=float, default=0.1, help="validation hold-out per class (0.1)")
-    parser.add_argument("--split-seed", type=int, default=20261201, help="seed of the hold-out (keep it fixed)")
+    parser.add_argument("--val-fraction", type=float, default=HOLDOUT_FRACTION,
+                        help=f"validation hold-out per class ({HOLDOUT_FRACTION}; `analyze --holdout` scores it)")
+    parser.add_argument("--split-seed", type=int, default=HOLDOUT_SEED,
+                        help=f"seed of the hold-out ({HOLDOUT_SEED}; keep it fixed)")
     parser.add_argument("--limit", type=int, default=0, help="use only N random images (a smoke test)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
     return parser.parse_args(argv)
@@ -512,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.limit:  # a random subset: the file is ordered by class, so its first N images are all one emotion
         keep = np.sort(np.random.RandomState(args.split_seed).permutation(len(labels))[: args.limit])
         images, labels = images[keep], labels[keep]
-    train_idx, val_idx = stratified_split(labels, args.val_fraction, args.split_seed)
+    train_idx, val_idx = stratified_split(labels, args.val_fraction, args.split_seed, len(LABELS))
     train_set, val_set = Split(images[train_idx], labels[train_idx]), Split(images[val_idx], labels[val_idx])
     log.info("%d training images, %d held out for validation", len(train_idx), len(val_idx))
     settings = Settings(args.arch, args.size, args.epochs, args.batch, args.lr, args.weight_decay, args.smoothing,

@@ -6,6 +6,10 @@ their folders in many ways (`anger`, `Happiness`, `surprised`), so common synony
 folder that still means nothing is named in a warning, because its images silently dropping out of the accuracy
 would make the figure lie.
 
+An .npz of face crops in FER2013's training-split layout (`../shared/data/train/`) is read with --cropped, each crop
+with its label; --holdout keeps only the validation hold-out that `tools/train_emotion.py` never trains on, so a
+model's hold-out figures come from the pipeline's own preprocessing, flip and model variant in one command.
+
 Everything the operator reads besides the JSON lines goes to stderr: a progress bar when stderr is a terminal
 (a long video otherwise gives no sign of life for half a minute), warnings, and the summary.
 """
@@ -41,14 +45,24 @@ from pipeline.inference.perception import (
 )
 from pipeline.modelprep.manifest import load_manifest
 from pipeline.outputs.events import face_json
+from pipeline.tools.fer_npz import (
+    HOLDOUT_FRACTION,
+    HOLDOUT_SEED,
+    BundleError,
+    CropBundle,
+    holdout,
+    load_bundle,
+)
 
 log = logging.getLogger(__name__)
 
 DetectorInput = tuple[int, int] | Literal["auto"]  # --detector-input: WxH or auto
+Bundles = list[tuple[Path, CropBundle]]  # the .npz inputs, loaded
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"}
 VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg"}
 EXIT_BAD_INPUT = 2  # SPEC.md: `analyze` exits 2 on unreadable input
+BUNDLE_SUFFIX = ".npz"  # face crops with labels (FER2013's training split as ../shared/data ships it)
 NO_FACE = "no_face"  # the confusion matrix's column for a labelled image in which no face was found
 
 # Folder and labels.csv names that datasets use for the seven emotions (compared lower-case). `calm` and
@@ -119,6 +133,7 @@ class Inputs:
     """What the command line named, walked: each file with its label, and the folders whose name is no emotion."""
 
     items: list[tuple[Path, str | None]] = field(default_factory=list)
+    bundles: list[Path] = field(default_factory=list)  # .npz files of labelled face crops
     unlabelled_folders: Counter[str] = field(default_factory=Counter)
     unknown_labels: Counter[str] = field(default_factory=Counter)
 
@@ -148,6 +163,9 @@ def collect_inputs(paths: list[Path]) -> Inputs:
     """Every image or video named, folders walked recursively in sorted order, with its label if known."""
     found = Inputs()
     for path in paths:
+        if path.suffix.lower() == BUNDLE_SUFFIX:
+            found.bundles.append(path)
+            continue
         if not path.is_dir():
             found.items.append((path, _label_of(path, _labels_for(path.parent, Counter()))))
             continue
@@ -243,6 +261,13 @@ class Analyzer:
         self._note_input(path, image, new_source=False)
         faces = self._faces(image)
         self._emit({"source": str(path), "frame": 0}, faces, label)
+
+    def crops(self, path: Path, bundle: CropBundle) -> None:
+        """Each crop of an .npz (--cropped), as `FILE#POSITION`, with its label."""
+        for image, label, position in zip(bundle.images, bundle.labels, bundle.positions):
+            self.summary.images += 1
+            self._emit({"source": f"{path}#{position}", "frame": 0}, self._faces(image),
+                       canonical_label(bundle.label_names[label]))
 
     def video(self, path: Path) -> None:
         frames = _prefetched_frames(path, self.every)
@@ -347,7 +372,7 @@ class _AboveTheBar:
         sys.stderr.flush()
 
 
-def _progress_bar(items: list[tuple[Path, str | None]], every: int) -> tqdm:  # type: ignore[type-arg]
+def _progress_bar(items: list[tuple[Path, str | None]], every: int, crops: int) -> tqdm:  # type: ignore[type-arg]
     """The bar, sized to the terminal; one that reports no size (0x0, e.g. a fresh pseudo-terminal) gets 80x24,
     as tqdm would otherwise draw nothing at all."""
     try:
@@ -356,16 +381,18 @@ def _progress_bar(items: list[tuple[Path, str | None]], every: int) -> tqdm:  # 
         width = 0
     sized = {"dynamic_ncols": True} if width > 0 else {"ncols": 80, "nrows": 24}
     unit = "frame" if any(p.suffix.lower() in VIDEO_SUFFIXES for p, _ in items) else "image"
-    return tqdm(total=_expected_items(items, every), file=sys.stderr, desc="analyze", unit=unit, **sized)
+    expected = _expected_items(items, every)
+    total = None if expected is None else expected + crops
+    return tqdm(total=total, file=sys.stderr, desc="analyze", unit=unit, **sized)
 
 
 @contextmanager
-def _progress(analyzer: Analyzer, items: list[tuple[Path, str | None]]) -> Iterator[None]:
+def _progress(analyzer: Analyzer, items: list[tuple[Path, str | None]], crops: int = 0) -> Iterator[None]:
     """A tqdm bar on stderr while stderr is a terminal; logs and (on a terminal) the JSON lines print above it."""
     if not _is_terminal(sys.stderr):
         yield
         return
-    bar = _progress_bar(items, analyzer.every)
+    bar = _progress_bar(items, analyzer.every, crops)
     handlers = [h for h in logging.getLogger().handlers
                 if isinstance(h, logging.StreamHandler) and h.stream is sys.stderr]
     for handler in handlers:
@@ -410,18 +437,62 @@ def _load_models(cfg: AppConfig, cropped: bool, detector_input_given: bool) -> P
     return Perception.from_config(cfg)
 
 
-def run_analyze(cfg: AppConfig, paths: list[Path], every: int = 1, cropped: bool = False,
-                crop: str | None = None, detector_input: DetectorInput | None = None) -> int:
-    """The `analyze` command: 0 when every input was analysed, 2 (SPEC: bad input) when one is missing or
-    unreadable, or when nothing at all could be read (a summary of zeros would look like a result)."""
+class _BadInput(Exception):
+    """An input the command cannot analyse: its message is printed as `error: ...` and the command exits 2."""
+
+
+def _bundles(inputs: Inputs, cropped: bool, only_holdout: bool) -> Bundles:
+    """The .npz inputs, loaded (and cut to the training hold-out with --holdout)."""
+    if inputs.bundles and not cropped:
+        raise _BadInput(f"{inputs.bundles[0]}: an .npz holds face crops: analyze it with --cropped")
+    if only_holdout and not inputs.bundles:
+        raise _BadInput("--holdout selects crops of an .npz (FER2013's training split); no .npz was given")
+    loaded = []
+    for path in inputs.bundles:
+        try:
+            bundle = load_bundle(path)
+        except BundleError as exc:
+            raise _BadInput(str(exc)) from exc
+        if only_holdout:
+            whole, bundle = len(bundle), holdout(bundle)
+            log.info("%s: the training hold-out, %d of %d crops (%.0f %% of each class, split seed %d, as "
+                     "tools/train_emotion.py holds out)", path, len(bundle), whole, 100 * HOLDOUT_FRACTION,
+                     HOLDOUT_SEED)
+        loaded.append((path, bundle))
+    return loaded
+
+
+def _checked_inputs(paths: list[Path], cropped: bool, only_holdout: bool) -> tuple[Inputs, Bundles]:
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
-        print(f"error: not found: {', '.join(missing)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        raise _BadInput(f"not found: {', '.join(missing)}")
     inputs = collect_inputs(paths)
-    if not inputs.items:
-        print(f"error: no image or video in {', '.join(map(str, paths))} (looked for "
-              f"{', '.join(sorted(IMAGE_SUFFIXES | VIDEO_SUFFIXES))})", file=sys.stderr)
+    if not inputs.items and not inputs.bundles:
+        raise _BadInput(f"no image or video in {', '.join(map(str, paths))} (looked for "
+                        f"{', '.join(sorted(IMAGE_SUFFIXES | VIDEO_SUFFIXES | {BUNDLE_SUFFIX}))})")
+    return inputs, _bundles(inputs, cropped, only_holdout)
+
+
+def _analyze_all(analyzer: Analyzer, inputs: Inputs, bundles: Bundles) -> None:
+    with _progress(analyzer, inputs.items, sum(len(bundle) for _, bundle in bundles)):
+        for path, label in inputs.items:
+            if path.suffix.lower() in VIDEO_SUFFIXES:
+                analyzer.video(path)
+            else:
+                analyzer.image(path, label)
+        for path, bundle in bundles:
+            analyzer.crops(path, bundle)
+
+
+def run_analyze(cfg: AppConfig, paths: list[Path], every: int = 1, cropped: bool = False,
+                crop: str | None = None, detector_input: DetectorInput | None = None,
+                only_holdout: bool = False) -> int:
+    """The `analyze` command: 0 when every input was analysed, 2 (SPEC: bad input) when one is missing or
+    unreadable, or when nothing at all could be read (a summary of zeros would look like a result)."""
+    try:
+        inputs, bundles = _checked_inputs(paths, cropped, only_holdout)
+    except _BadInput as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     _warn_about_inputs(inputs)
     cfg = _for_analyze(cfg, crop, detector_input)
@@ -432,12 +503,7 @@ def run_analyze(cfg: AppConfig, paths: list[Path], every: int = 1, cropped: bool
     try:
         models.warm_up()
         started = time.monotonic()
-        with _progress(analyzer, inputs.items):
-            for path, label in inputs.items:
-                if path.suffix.lower() in VIDEO_SUFFIXES:
-                    analyzer.video(path)
-                else:
-                    analyzer.image(path, label)
+        _analyze_all(analyzer, inputs, bundles)
         summary.seconds = time.monotonic() - started
     finally:
         models.close()

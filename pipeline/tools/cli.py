@@ -156,7 +156,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     cfg = _load(args.config)
     return run_analyze(cfg, args.paths, every=args.every, cropped=args.cropped, crop=args.crop,
-                       detector_input=args.detector_input)
+                       detector_input=args.detector_input, only_holdout=args.holdout)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -175,6 +175,7 @@ examples:
   run_pipeline.py analyze clip.mp4 --every 5 > clip.jsonl   # every 5th frame of a video
   run_pipeline.py analyze dataset/                          # dataset/<emotion>/*.jpg: accuracy in the summary
   run_pipeline.py analyze --cropped fer2013/                # images that are already face crops (no detector)
+  run_pipeline.py analyze --cropped --holdout fer2013_train_jpeg.npz  # a model's figures on the training hold-out
   run_pipeline.py analyze clip.mp4 --detector-input 320x192 # faster, finds fewer small faces (default: auto)"""
 
 BENCH_EXAMPLES = """\
@@ -271,6 +272,9 @@ def _add_analyze_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--every", type=int, default=1, metavar="N",
                         help="videos: analyse every Nth frame (default 1: every frame)")
     parser.add_argument("--cropped", action="store_true", help="each image is one face crop: skip detection")
+    parser.add_argument("--holdout", action="store_true",
+                        help="with an .npz of FER2013's training split: only the validation hold-out that "
+                             "tools/train_emotion.py never trains on (10 %% per class, split seed 20261201)")
     parser.add_argument("--crop", choices=["align", "box"], default=None, help="override emotion.crop")
     parser.add_argument("--detector-input", type=_detector_input, default=None, metavar="WxH|auto",
                         help="override detector.input_size (default: the config's, auto in config/default.yaml: "
