@@ -87,7 +87,7 @@ class NvdecSource(VideoSource):
         self._nvc: Any = importlib.import_module(PACKAGE)
         self._runtime: Any = importlib.import_module("cuda.bindings.runtime")
         self._location, self._label, self._loop, self._gpu = location, label, loop, gpu
-        self._demuxer: Any = None
+        self._demuxer: Any  # set by _open_demuxer
         self._decoder: Any = None
         self._packets: Iterator[Any] = iter(())
         self._pending: deque[Any] = deque()

@@ -153,7 +153,7 @@ def _usb_source(cfg: CameraConfig, device: int | str) -> VideoSource:
         cap.release()
         raise SourceError(f"cannot open USB camera {device} (not connected, busy, or no permission)")
     if cfg.fourcc:
-        cap.set(cv2.CAP_PROP_FOURCC, cv2.VideoWriter_fourcc(*cfg.fourcc))
+        cap.set(cv2.CAP_PROP_FOURCC, cv2.VideoWriter.fourcc(*cfg.fourcc))
     if cfg.width:
         cap.set(cv2.CAP_PROP_FRAME_WIDTH, cfg.width)
     if cfg.height:

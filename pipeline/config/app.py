@@ -15,7 +15,7 @@ import ipaddress
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Literal, Union
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -40,6 +40,7 @@ from pipeline.config.loader import (
 from pipeline.core.redact import mask_secrets
 from pipeline.core.settings import ConfigValueError, StrictModel
 from pipeline.inference.settings import DetectorConfig, EmotionConfig, InferenceConfig
+from pipeline.outputs.base import OutputSettings
 from pipeline.outputs.osc import OscOutput
 from pipeline.outputs.registry import output_settings_models
 from pipeline.outputs.stdout import StdoutOutput
@@ -53,8 +54,12 @@ __all__ = [
     "WebhookOutput", "WebsocketOutput", "default_rules", "load_config", "parse_config", "summarize",
 ]
 
-# Every output type the outputs' registry knows, told apart by `type` (a new output module joins by itself).
-OutputConfig = Annotated[Union[output_settings_models()], Field(discriminator="type")]  # type: ignore[valid-type]
+# Every output type the outputs' registry knows, told apart by `type` (a new output module joins by itself). Type
+# checkers cannot follow a union built at import time: they see the base class every entry derives from.
+if TYPE_CHECKING:
+    OutputConfig = OutputSettings
+else:
+    OutputConfig = Annotated[Union[output_settings_models()], Field(discriminator="type")]
 
 
 class TrackingConfig(StrictModel):
@@ -143,7 +148,7 @@ class AppConfig(StrictModel):
                                                                                     "precision and batching.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="Face tracking and smoothing.")
     behavior: BehaviorConfig = Field(default_factory=BehaviorConfig, description="Emotion → avatar command rules.")
-    outputs: list[OutputConfig] = Field(default_factory=lambda: [StdoutOutput()],
+    outputs: list[OutputConfig] = Field(default_factory=lambda: list[OutputConfig]([StdoutOutput()]),
                                         description="Where events go: stdout, websocket, osc, webhook.")
     avatars: list[AvatarSection] = Field(default_factory=list,
                                          description="Avatars that span cameras, each with its own attention, "

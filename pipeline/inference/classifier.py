@@ -63,5 +63,5 @@ def normalised(probs: np.ndarray, order: np.ndarray, pairs: bool) -> np.ndarray:
     ordered = np.asarray(probs, np.float32)[:, order]
     if pairs:
         half = len(ordered) // 2
-        ordered = (ordered[:half] + ordered[half:]) / 2
+        ordered = (ordered[:half] + ordered[half:]) * np.float32(0.5)  # exact, as / 2, and stays float32
     return ordered / np.maximum(ordered.sum(axis=1, keepdims=True), 1e-9)

@@ -24,13 +24,13 @@ log = logging.getLogger(__name__)
 
 ENGINES_DIR = Path(__file__).resolve().parents[2] / "engines"
 
-_ORT_TYPES = {
-    "tensor(float)": np.float32,
-    "tensor(float16)": np.float16,
-    "tensor(uint8)": np.uint8,
-    "tensor(int8)": np.int8,
-    "tensor(int64)": np.int64,
-    "tensor(int32)": np.int32,
+_ORT_TYPES: dict[str, np.dtype[Any]] = {
+    "tensor(float)": np.dtype(np.float32),
+    "tensor(float16)": np.dtype(np.float16),
+    "tensor(uint8)": np.dtype(np.uint8),
+    "tensor(int8)": np.dtype(np.int8),
+    "tensor(int64)": np.dtype(np.int64),
+    "tensor(int32)": np.dtype(np.int32),
 }
 
 
@@ -210,7 +210,7 @@ def make_session(ort: Any, source: Path | bytes, failure: str, threads: int, pro
 
 def _spec(arg: object) -> TensorSpec:
     shape = tuple(d if isinstance(d, int) else -1 for d in arg.shape)  # type: ignore[attr-defined]
-    dtype = np.dtype(_ORT_TYPES.get(arg.type, np.float32))  # type: ignore[attr-defined]
+    dtype = _ORT_TYPES.get(arg.type, np.dtype(np.float32))  # type: ignore[attr-defined]
     return TensorSpec(arg.name, shape, dtype)  # type: ignore[attr-defined]
 
 

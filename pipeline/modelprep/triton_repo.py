@@ -32,7 +32,7 @@ MODEL_FILE = "model.onnx"
 VERSION = "1"
 
 # ONNX element type -> Triton's data type name (model metadata says "FP32"; config.pbtxt says "TYPE_FP32").
-_TRITON_TYPES = {
+_TRITON_TYPES: dict[int, str] = {
     onnx.TensorProto.FLOAT: "FP32",
     onnx.TensorProto.FLOAT16: "FP16",
     onnx.TensorProto.DOUBLE: "FP64",

@@ -17,7 +17,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pipeline.core.redact import mask_secrets
 from pipeline.core.settings import StrictModel
@@ -65,6 +65,9 @@ class AvatarRoute:
 class OutputSettings(StrictModel):
     """Base of every output's settings. Each subclass declares `type` (a Literal: the registry key) and `events` (the
     event types it receives) in its own field order: validators may read fields declared before them."""
+
+    if TYPE_CHECKING:  # for type checkers only: at run time each subclass's own Literal field is the one
+        type: str
 
     def describe(self) -> str:
         """One line for `check-config`; outputs with an address override it (credentials masked)."""

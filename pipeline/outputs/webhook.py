@@ -52,7 +52,7 @@ class WebhookOutput(OutputSettings):
                                                            "before each further retry.")
     bearer_token: str | None = Field(None, description="Sent as `Authorization: Bearer TOKEN` when set; never "
                                                        "logged. Use ${VAR} to keep it out of the file.")
-    events: list[EventName] = Field(default_factory=lambda: ["command"], min_length=1,
+    events: list[EventName] = Field(default_factory=lambda: list[EventName](["command"]), min_length=1,
                                     description="Event types posted (default: commands only).")
     queue_size: int = Field(256, ge=1, le=100_000, description="Events buffered before new ones are dropped "
                                                                "(and counted).")

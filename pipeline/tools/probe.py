@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pipeline.core.redact import mask_secrets
 
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 # The execution provider each non-CPU inference.device needs from onnxruntime.
 PROVIDERS = {"cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
 GPU_INSTALL = "install onnxruntime-gpu and the CUDA libraries: pip install -r requirements-gpu.txt"
+DetectorSize = tuple[int, int] | Literal["auto"] | None  # detector.input_size; None: the model's own size
 
 
 @dataclass(frozen=True)
@@ -231,8 +232,8 @@ def probe_models(cfg: AppConfig) -> list[tuple[Finding, bool]]:
     return results
 
 
-def _probe_model(role: str, name: str, inference: InferenceConfig, size: tuple[int, int] | None,
-                 load: bool) -> tuple[Finding, bool] | None:
+def _probe_model(role: str, name: str, inference: InferenceConfig, size: DetectorSize, load: bool,
+                 ) -> tuple[Finding, bool] | None:
     """The model's prepared file checked (exists, matches its sidecar) and, when `load`, loaded and released."""
     from pipeline.modelprep.manifest import ManifestError, ModelError, load_manifest
     from pipeline.modelprep.prepare import check_prepared
@@ -254,7 +255,7 @@ def _probe_model(role: str, name: str, inference: InferenceConfig, size: tuple[i
 
 
 def _load_model(role: str, manifest: ModelManifest, path: Path, precision: str, inference: InferenceConfig,
-                size: tuple[int, int] | None) -> tuple[Finding, bool]:
+                size: DetectorSize) -> tuple[Finding, bool]:
     """Create the configured backend for one model (one lane; a missing TensorRT engine is reported, not built)."""
     from pipeline.inference.backend import BackendError, ModelRuntime, create_backend
     from pipeline.modelprep.manifest import ModelError
