@@ -69,6 +69,7 @@ STEADY_S = 60.0  # a group that ran this long starts its backoff over when it di
 GROUP_STOP = {"cameras": 0.8, "workers": 0.4, "models": 0.4}
 MODEL_ERRORS = (ModelError, BackendError, ManifestError)
 MPS_PIPE_DEFAULT = "/tmp/nvidia-mps"  # where MPS's control daemon and its clients meet without CUDA_MPS_PIPE_DIRECTORY
+CAMERAS_PER_GROUP = 32  # 1080p x 25 fps cameras one process analysed every frame of, H200 (BENCHMARKS.md)
 # BatchStats' recent lists and the counter each grows with: one entry per batch, or per item for the queue wait.
 _RECENT = {"batch_sizes": "batches", "recent_compute_ms": "batches", "recent_queue_ms": "items"}
 
@@ -85,6 +86,22 @@ def mps_problem(inference: InferenceConfig, environ: Mapping[str, str] = os.envi
     return (f"{inference.processes} camera groups on {inference.device} without NVIDIA MPS (no {control}): the "
             f"groups' processes would time-slice the GPU, and 2 or 4 of them analysed no more frames than one on an "
             f"H200; start deploy/nvidia-mps.service (README, \"Running as a service\") or set processes: 1")
+
+
+def crowded_process(cameras: Sequence[CameraConfig], inference: InferenceConfig) -> str | None:
+    """Advice when a GPU's process carries more cameras than one Python process keeps up with (its GIL): on an
+    H200, 32 cameras of 1080p at 25 fps were every frame analysed in one process and 64 only 47-68 %, while 64 as 2
+    groups under MPS were 99.9 % (BENCHMARKS.md). None on the CPU (the cores are the limit there) or when the
+    groups are small enough."""
+    enabled = sum(1 for cam in cameras if cam.enabled)
+    if inference.device == "cpu" or enabled <= CAMERAS_PER_GROUP * inference.processes:
+        return None
+    wanted = -(-enabled // CAMERAS_PER_GROUP)
+    per = -(-enabled // inference.processes)
+    return (f"{enabled} cameras in {inference.processes} process(es), {per} per process: past about "
+            f"{CAMERAS_PER_GROUP} cameras of 1080p one process's GIL is the limit (an H200 analysed 47-68 % of the "
+            f"frames of 64 cameras in one process, 99.9 % as 2 groups under NVIDIA MPS); consider processes: "
+            f"{wanted} with MPS running (README, \"Many cameras: what to tune\")")
 
 
 def camera_groups(cameras: Sequence[CameraConfig], processes: int) -> list[list[CameraConfig]]:

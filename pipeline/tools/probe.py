@@ -70,11 +70,11 @@ def quick_findings(cfg: AppConfig) -> list[Finding]:
             findings.append(Finding(f"cameras[{index}].source", f"{problem}; the daemon would keep retrying it"))
     findings += device_findings(cfg.inference)
     # imported here: the quick check runs before every start, and needs no camera or model code otherwise
-    from pipeline.service.groups import mps_problem
+    from pipeline.service.groups import crowded_process, mps_problem
 
-    mps = mps_problem(cfg.inference)
-    if mps:
-        findings.append(Finding("inference.processes", mps))
+    for problem in (mps_problem(cfg.inference), crowded_process(cfg.cameras, cfg.inference)):
+        if problem:
+            findings.append(Finding("inference.processes", problem))
     findings += model_file_findings(cfg)
     return findings
 
