@@ -232,8 +232,8 @@ def probe_models(cfg: AppConfig) -> list[tuple[Finding, bool]]:
     return results
 
 
-def _probe_model(role: str, name: str, inference: InferenceConfig, size: DetectorSize, load: bool,
-                 ) -> tuple[Finding, bool] | None:
+def _probe_model(role: str, name: str, inference: InferenceConfig, size: DetectorSize,
+                 load: bool) -> tuple[Finding, bool] | None:
     """The model's prepared file checked (exists, matches its sidecar) and, when `load`, loaded and released."""
     from pipeline.modelprep.manifest import ManifestError, ModelError, load_manifest
     from pipeline.modelprep.prepare import check_prepared
