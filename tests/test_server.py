@@ -330,3 +330,21 @@ def test_status_document_detector_input_size() -> None:
             cameras=(), outputs=(), models=(detector,))
         sizes[text] = status_document(snapshot, now)["models"]["detector"]["input_size"]
     assert list(sizes.values()) == [[320, 192], "auto (long side 480)"]
+
+
+def test_preview_socket_sends_jpegs_uncompressed(served: tuple[RunningDaemon, str]) -> None:
+    """A client offering permessage-deflate (as browsers do) gets the previews uncompressed: JPEGs do not deflate,
+    and aiohttp's shielded compression of large frames left a failing task behind at shutdown (a traceback in the
+    daemon's log with a browser connected)."""
+    _, base = served
+
+    async def first_preview() -> tuple[int, bytes]:
+        async with aiohttp.ClientSession() as session, session.ws_connect(
+                f"{base.replace('http', 'ws')}/preview/ws?cameras=lobby&token={TOKEN}", compress=15) as ws:
+            message = await ws.receive(timeout=30)
+            return ws.compress, message.data
+
+    negotiated, data = asyncio.run(first_preview())
+    name, _, jpeg = data.partition(b"\n")
+    assert name == b"lobby" and jpeg[:3] == b"\xff\xd8\xff"
+    assert negotiated == 0  # the server declined the deflate extension the client offered

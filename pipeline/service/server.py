@@ -234,7 +234,10 @@ class StatusServer:
         if self._previews.fps <= 0:
             return web.json_response({"error": "previews are disabled (server.preview_fps: 0)"}, status=404)
         wanted = {c for c in request.query.get("cameras", "").split(",") if c}
-        ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=4096, protocols=(PREVIEW_PROTOCOL,))
+        # compress=False: JPEGs do not deflate, and aiohttp sends a large compressed frame from a shielded task that
+        # outlives our sender's cancellation at shutdown and then fails on the closed transport ("Task exception was
+        # never retrieved" with a traceback in the daemon's log, seen with a browser, which offers permessage-deflate).
+        ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=4096, protocols=(PREVIEW_PROTOCOL,), compress=False)
         await ws.prepare(request)
         sender = asyncio.get_running_loop().create_task(self._send_previews(ws, wanted))
         try:
