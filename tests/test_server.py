@@ -285,7 +285,12 @@ def test_status_reads_a_snapshot_not_the_daemon() -> None:
     """Health, stage problems, the document and STATUS= come from a plain DaemonSnapshot (no daemon, no threads)."""
     from pipeline.config.app import parse_config
     from pipeline.service.snapshot import DaemonSnapshot, OutputView
-    from pipeline.service.status import check_health, stage_problems, status_document, status_line
+    from pipeline.service.status import (
+        check_health,
+        stage_problems,
+        status_document,
+        status_line,
+    )
 
     now = 1000.0
     cfg = parse_config("cameras: [{name: lobby, source: demo}, {name: door, source: demo}]\n")
