@@ -211,12 +211,13 @@ class InferenceConfig(StrictModel):
                                   "a time whatever this says).")
     processes: int = Field(1, ge=1, le=64, description="Camera groups, each in a process of its own with its own "
                            "engine (cameras dealt round-robin, in config order). One Python process runs out of "
-                           "GIL before a large GPU runs out of work: 64 cameras of 1080p on an H200 analysed 64-68 "
-                           "% of their frames as 1 process and all of them as 4 (p99 21 ms). On a GPU the "
-                           "processes share it well only through NVIDIA's Multi-Process Service (deploy/"
-                           "nvidia-mps.service); without it they analysed no more than one process. Each group "
-                           "holds its own copy of the models (about 4.5 GB of GPU memory on an H200). 1 = "
-                           "everything in the daemon's process.")
+                           "GIL before a large GPU runs out of work: 64 cameras of 1080p at 25 fps on an H200 "
+                           "analysed 47-68 % of their frames as 1 process, 99.9 % as 2 (p99 62 ms, 3.6 cores) and "
+                           "all as 4 (p99 22 ms); about 32 cameras per group. On a GPU the processes share it well "
+                           "only through NVIDIA's Multi-Process Service (deploy/nvidia-mps.service); without it "
+                           "they analysed no more than one process. Each group holds its own copy of the models "
+                           "(4.1 GB of GPU memory per 16-camera group on an H200). 1 = everything in the daemon's "
+                           "process.")
     threads: int = Field(0, ge=0, le=256, description="CPU threads per session; 0 = the library default.")
     queue_size: int = Field(256, ge=1, le=100_000, description="Requests that may wait for inference, per model. "
                                                                "When the queue is full a new request is refused "
