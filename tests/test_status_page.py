@@ -94,7 +94,9 @@ def test_status_page_shows_live_tiles(prepared_models: None, tmp_path: Path,
 
         assert wait_until(lambda: preview_src().startswith("blob:"), 30), "no preview image arrived"
         assert wait_until(preview_loaded, 30), "the preview image never loaded"
-        assert "streaming" in lobby.find_element(By.CSS_SELECTOR, ".state").text
+        # The state comes from /api/status, polled once a second: the first preview can arrive before the next poll.
+        assert wait_until(lambda: "streaming" in lobby.find_element(By.CSS_SELECTOR, ".state").text, 30), \
+            lobby.find_element(By.CSS_SELECTOR, ".state").text
         assert "fps" in lobby.find_element(By.CSS_SELECTOR, ".figures").text
         first_src, first_shot = preview_src(), lobby.find_element(By.CSS_SELECTOR, ".frame").screenshot_as_png
 
