@@ -33,16 +33,26 @@ ATTEMPTS = 5  # a machine too busy for the poll to see the window gets another p
 
 @pytest.fixture
 def start() -> Iterator[Callable[[Path], RunningDaemon]]:
-    """`run --config FILE` processes, each killed at the end if it is still running."""
+    """`run --config FILE` processes, each killed at the end if it is still running, started with SIGINT as a
+    terminal leaves it. A suite launched as a shell's background job (`cmd &` without job control) inherits SIGINT
+    ignored, an ignored signal stays ignored across exec, and the daemon then rightly leaves it so while it imports
+    (as under nohup): a caught handler here makes the children start with the default disposition instead."""
+    inherited = signal.getsignal(signal.SIGINT)
+    if inherited is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     started: list[RunningDaemon] = []
 
     def run(config: Path) -> RunningDaemon:
         started.append(RunningDaemon(config))
         return started[-1]
 
-    yield run
-    for daemon in started:
-        daemon.kill()
+    try:
+        yield run
+    finally:
+        for daemon in started:
+            daemon.kill()
+        if inherited is not None:  # None: a handler not set from Python, left alone
+            signal.signal(signal.SIGINT, inherited)
 
 
 def _loaded(pid: int, library: str) -> bool:
