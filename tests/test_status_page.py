@@ -105,7 +105,8 @@ def test_status_page_shows_live_tiles(prepared_models: None, tmp_path: Path,
                 lobby.find_element(By.CSS_SELECTOR, ".frame").screenshot_as_png != first_shot
 
         assert wait_until(preview_changed, 30, interval=0.25), "the preview image did not change: a frozen preview"
-        assert browser.find_element(By.ID, "overall").text == "ok"
+        assert wait_until(lambda: browser.find_element(By.ID, "overall").text == "ok", 30), \
+            browser.find_element(By.ID, "problems").text
         assert wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#commands tbody tr"), 60), \
             "no recent command on the page"
         target = os.environ.get("STATUS_PAGE_SCREENSHOT")  # docs/status-page.png is made this way
