@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -15,6 +17,16 @@ pytest_plugins = ["tests.strict_skips", "pytester"]
 ROOT = Path(__file__).resolve().parents[1]
 # ../shared/data beside the project; EMOTION_TEST_DATA points elsewhere (the GPU machine gets a copy of a few files).
 DATA = Path(os.environ.get("EMOTION_TEST_DATA", ROOT.parent / "shared" / "data"))
+
+
+def load_tool(name: str) -> ModuleType:
+    """tools/NAME.py as a module (tools/ holds scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    if spec is None or spec.loader is None:
+        raise ImportError(f"tools/{name}.py cannot be loaded")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def data_path(*parts: str) -> Path:

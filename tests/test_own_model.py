@@ -3,7 +3,6 @@ prepare-models, and the prepared model reading real photos through the detector.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -16,19 +15,9 @@ import yaml
 from pipeline.modelprep.graph_edit import restore_fp32_weights
 from pipeline.modelprep.manifest import MODELS_DIR, load_manifest
 from pipeline.modelprep.prepare import prepare_model, sha256_of
-from tests.conftest import ROOT, data_path, run_cli
+from tests.conftest import ROOT, data_path, load_tool, run_cli
 
 NAME = "fer2013_resnet_t64"
-
-
-def _tool() -> object:
-    """tools/onnx_fp16_weights.py, the script that wrote the committed file (tools/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("onnx_fp16_weights", ROOT / "tools" / "onnx_fp16_weights.py")
-    if spec is None or spec.loader is None:
-        raise ImportError("tools/onnx_fp16_weights.py cannot be loaded")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
@@ -53,7 +42,7 @@ def test_float16_storage_folds_back_to_the_same_network() -> None:
     assert not [n for n in restored.graph.node if n.op_type == "Cast"]
     assert {init.data_type for init in restored.graph.initializer} == {onnx.TensorProto.FLOAT}
     assert np.abs(_run(restored, x) - expected).max() < 1e-6
-    stored = _tool().store_weights_fp16(restored)  # type: ignore[attr-defined]
+    stored = load_tool("onnx_fp16_weights").store_weights_fp16(restored)
     assert stored.ByteSize() < 0.55 * restored.ByteSize()
     assert np.abs(_run(stored, x) - expected).max() < 1e-6  # the same fp16 values, stored again
 
