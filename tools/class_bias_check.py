@@ -21,7 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-EMOTIONS = ("angry", "disgust", "fear", "happy", "sad", "surprise", "neutral")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root, for the emotions' one order
+from pipeline.core.types import EMOTIONS  # noqa: E402 - after the path that makes it importable
+
 FLOOR = 1e-6  # analyze rounds probabilities to 4 decimals: a 0.0 must not become log(0)
 
 
