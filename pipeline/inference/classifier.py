@@ -36,9 +36,9 @@ class EmotionClassifier:
         """The classifier's input for one face of a BGR frame: H x W x C uint8."""
         return self.cropper.face_crop(image, face)
 
-    def crop_from_still(self, image: np.ndarray) -> np.ndarray:
-        """An image that is already one face crop (FER2013-style datasets): resize to the model's input."""
-        return self.cropper.crop_from_still(image)
+    def crop_from_still(self, image: np.ndarray, stored_margin: float | None = None) -> np.ndarray:
+        """An image that is already one face crop: resize to the model's input (`FaceCropper.crop_from_still`)."""
+        return self.cropper.crop_from_still(image, stored_margin)
 
     def submit(self, crops: Sequence[np.ndarray]) -> list[Future[dict[str, np.ndarray]]]:
         return [self.model.submit(crop) for crop in crops]

