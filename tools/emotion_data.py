@@ -137,11 +137,19 @@ def erase(x: torch.Tensor, probability: float, generator: torch.Generator) -> to
 
 
 def sampling_weights(labels: np.ndarray, sources: np.ndarray | None = None,
-                     source_weights: tuple[float, ...] = ()) -> np.ndarray:
+                     source_weights: tuple[float, ...] = (), per_bundle: bool = False) -> np.ndarray:
     """Per-image draw weights ∝ 1/sqrt(class count) (rare classes seen more often, not as often as common ones),
-    times each image's bundle weight (`source_weights[sources[i]]`) when several bundles are mixed."""
-    counts = np.bincount(labels, minlength=len(LABELS)).astype(np.float64)
-    weights = 1.0 / np.sqrt(counts[labels])
+    times each image's bundle weight (`source_weights[sources[i]]`) when several bundles are mixed.
+
+    The class counts are pooled over the bundles, or (`per_bundle`) each bundle's own: then a bundle whose crops
+    are mostly one class (the photos: half neutral) does not teach that its kind of picture means that class."""
+    if per_bundle and sources is not None:
+        keys = sources * len(LABELS) + labels
+        counts = np.bincount(keys, minlength=(sources.max() + 1) * len(LABELS)).astype(np.float64)
+        weights = 1.0 / np.sqrt(counts[keys])
+    else:
+        counts = np.bincount(labels, minlength=len(LABELS)).astype(np.float64)
+        weights = 1.0 / np.sqrt(counts[labels])
     if sources is not None and source_weights:
         weights = weights * np.asarray(source_weights, np.float64)[sources]
     return weights / weights.sum()
@@ -151,7 +159,8 @@ class TrainingSet:
     """Every bundle's training crops on one device, drawn together by `sampling_weights`, each augmented with its
     own framing. With one bundle a draw is exactly what the FER2013-only recipe drew."""
 
-    def __init__(self, splits: list[Split], device: torch.device, source_weights: tuple[float, ...] = ()) -> None:
+    def __init__(self, splits: list[Split], device: torch.device, source_weights: tuple[float, ...] = (),
+                 per_bundle: bool = False) -> None:
         self.framings = [split.framing for split in splits]
         self.images = [torch.from_numpy(split.images).to(device) for split in splits]
         labels = np.concatenate([split.labels for split in splits])
@@ -159,7 +168,7 @@ class TrainingSet:
         self.labels = torch.from_numpy(labels).to(device)
         self.sources = torch.from_numpy(sources).to(device)
         self.starts = np.cumsum([0, *[len(split.labels) for split in splits]])
-        self.weights = torch.from_numpy(sampling_weights(labels, sources, source_weights)).to(device)
+        self.weights = torch.from_numpy(sampling_weights(labels, sources, source_weights, per_bundle)).to(device)
 
     def __len__(self) -> int:
         return len(self.labels)

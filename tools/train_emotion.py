@@ -102,6 +102,7 @@ class Settings:
     mixup: float = 0.0  # alpha of mixup's Beta(alpha, alpha) blend of image pairs (0: none)
     erase: float = 0.0  # share of training images with one random rectangle erased (0: none)
     photos_weight: float = 1.0  # draw weight of a photo crop relative to a FER2013 crop of the same class
+    balance: str = "pooled"  # class counts for the draw weights: pooled over the bundles, or each bundle's own
     init: str = "scratch"  # dlib_resnet: "pretrained" (dlib's weights) or "scratch"
     backbone_lr: float = 1.0  # a pretrained backbone's learning rate, as a share of the head's
     dlib_model: str = ""  # init pretrained: dlib's .dat file ("": the installed face_recognition_models package's)
@@ -397,6 +398,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="photo bundles to train on as well, e.g. mux_dwdii_112.npz (each with its own hold-out)")
     parser.add_argument("--photos-weight", type=float, default=1.0,
                         help="draw weight of a photo crop relative to a FER2013 crop of its class (default 1)")
+    parser.add_argument("--balance", choices=["pooled", "bundle"], default="pooled",
+                        help="draw weights ∝ 1/sqrt(class count) with the counts pooled over the bundles (default) "
+                             "or each bundle's own (the photos' neutral and happy crops then weigh less)")
     parser.add_argument("--out", type=Path, required=True, help="folder for model.onnx and model_card.json")
     parser.add_argument("--arch", choices=sorted(ARCHITECTURES), default="resnet_s", help="network (default resnet_s)")
     parser.add_argument("--init", choices=["pretrained", "scratch"], default="pretrained",
@@ -439,7 +443,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def settings_of(args: argparse.Namespace) -> Settings:
     return Settings(args.arch, args.size, args.epochs, args.batch, args.lr, args.weight_decay, args.smoothing,
                     args.seed, args.distill_weight if args.teacher else 0.0, args.distill_temperature,
-                    args.ema, args.mixup, args.erase, args.photos_weight,
+                    args.ema, args.mixup, args.erase, args.photos_weight, args.balance,
                     args.init if args.arch == "dlib_resnet" else "scratch", args.backbone_lr,
                     str(args.dlib_model or ""), args.optimizer, args.clip)
 
@@ -479,7 +483,8 @@ def main(argv: list[str] | None = None) -> int:
         log.info("%s: %d training images, %d held out for validation", bundle.train.name, len(bundle.train.labels),
                  len(bundle.val.labels))
     device = torch.device(args.device)
-    train_set = TrainingSet([b.train for b in bundles], device, (1.0, *[args.photos_weight] * len(args.photos)))
+    train_set = TrainingSet([b.train for b in bundles], device, (1.0, *[args.photos_weight] * len(args.photos)),
+                            args.balance == "bundle")
     vals = [b.val for b in bundles]
     settings = settings_of(args)
     teacher = load_teacher(args.teacher, device) if args.teacher else None

@@ -60,12 +60,14 @@ def _pixels(video: Path | None, count: int) -> list[np.ndarray]:
 
 
 def _items(model: str, size: tuple[int, int], frames: list[np.ndarray]) -> list[np.ndarray]:
+    """Real pixels in the model's input: letterboxed frames for the detector, face-sized grey squares of `size`
+    for the emotion model."""
     if model == "detector":
         return [letterbox(f, size)[0] for f in frames]
     grey = [cv2.cvtColor(f, cv2.COLOR_BGR2GRAY) for f in frames]
     height, width = grey[0].shape
     side = min(height, width) // 2  # a face-sized central square, resized as the classifier's crops are
-    return [cv2.resize(g[height // 4: height // 4 + side, width // 4: width // 4 + side], (64, 64))[:, :, None]
+    return [cv2.resize(g[height // 4: height // 4 + side, width // 4: width // 4 + side], size)[:, :, None]
             for g in grey]
 
 
@@ -97,7 +99,8 @@ def bench_engine(args: argparse.Namespace) -> dict[str, Any]:
     width, height = (int(v) for v in args.detector_input.lower().split("x"))
     batches = [int(b) for b in args.batch.split(",")]
     manifest = load_manifest(cfg.detector.model if args.model == "detector" else cfg.emotion_model)
-    items = _items(args.model, (width, height), _pixels(args.video, 64))
+    crop = manifest.input.size or (64, 64)
+    items = _items(args.model, (width, height) if args.model == "detector" else crop, _pixels(args.video, 64))
     rows = []
     for precision in [p.strip() for p in args.precision.split(",")]:
         inference = cfg.inference.model_copy(update={"device": args.device, "precision": precision,
@@ -110,7 +113,7 @@ def bench_engine(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             backend.close()
     return {"mode": "engine", "model": manifest.name, "device": args.device,
-            "input": f"{width}x{height}" if args.model == "detector" else "64x64", "rows": rows}
+            "input": f"{width}x{height}" if args.model == "detector" else f"{crop[0]}x{crop[1]}", "rows": rows}
 
 
 def print_engine_table(result: dict[str, Any]) -> None:
