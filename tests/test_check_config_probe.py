@@ -14,10 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.inference.settings import EmotionConfig
 from tests.conftest import run_cli
 from tests.running_daemon import clip
 
 SECRET = "pr0be-S3cret"
+
+EMOTION = EmotionConfig().model  # the default emotion model, which these configs leave as it is
 
 
 def _closed_port() -> int:
@@ -35,7 +38,7 @@ def _has_cuda_provider() -> bool:
 def _int8_prepared() -> bool:
     from pipeline.modelprep.manifest import load_manifest
 
-    return load_manifest("mini_xception_fer2013").file_for("int8").exists()
+    return load_manifest(EMOTION).file_for("int8").exists()
 
 
 @pytest.fixture
@@ -68,7 +71,7 @@ def test_quick_check_warns_about_what_is_missing_here_and_stays_valid(unstartabl
                    for line in lines), done.stderr
     if not _int8_prepared():
         assert any(line.startswith(f"{unstartable}: warning: inference.precision: ") and
-                   "mini_xception_fer2013.int8.onnx does not exist" in line and "--calib" in line
+                   f"{EMOTION}.int8.onnx does not exist" in line and "--calib" in line
                    for line in lines), done.stderr
     assert "Traceback" not in done.stderr
 
@@ -86,7 +89,7 @@ def test_probe_reports_each_failure_by_key_and_exits_2(unstartable: Path, tmp_pa
                    for line in lines), done.stderr
     if not _int8_prepared():
         assert any(line.startswith(f"{unstartable}: inference.precision: ") and
-                   "mini_xception_fer2013.int8.onnx does not exist" in line for line in lines), done.stderr
+                   f"{EMOTION}.int8.onnx does not exist" in line for line in lines), done.stderr
     assert "Traceback" not in done.stderr
 
 
@@ -104,7 +107,7 @@ def test_probe_opens_good_sources_and_loads_the_models(prepared_models: None, tm
                for line in out), done.stdout
     assert any(line.startswith(f"{config}: cameras[1].source: opened, read a frame: demo") for line in out)
     assert not any("cameras[2]" in line for line in out + done.stderr.splitlines())
-    for role, model in (("detector", "retinaface_mnet025"), ("emotion", "mini_xception_fer2013")):
+    for role, model in (("detector", "retinaface_mnet025"), ("emotion", EMOTION)):
         assert any(line.startswith(f"{config}: {role}.model: {model} loads: backend onnxruntime, device cpu, "
                                    "precision fp32") for line in out), done.stdout
     assert f"{config}: probe: every camera and model opened" in out
@@ -154,7 +157,7 @@ def test_probe_gives_up_on_a_stream_that_never_answers(prepared_models: None, tm
         done.stderr.splitlines(), done.stderr
     assert any(line.startswith(f"{config}: cameras[1].source: opened, read a frame: demo")
                for line in done.stdout.splitlines()), done.stdout
-    assert any(line.startswith(f"{config}: emotion.model: mini_xception_fer2013 loads")
+    assert any(line.startswith(f"{config}: emotion.model: {EMOTION} loads")
                for line in done.stdout.splitlines()), done.stdout
     assert SECRET not in done.stdout + done.stderr
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import cv2
 import pytest
 
+from pipeline.inference.settings import EmotionConfig
 from tests.conftest import ROOT, data_path, run_cli
 
 
@@ -197,7 +198,7 @@ def test_analyze_cropped_does_not_load_the_detector(prepared_models: None) -> No
     done = run_cli("analyze", "--cropped", str(image), "--log-level", "info")
     assert done.returncode == 0, done.stderr[-2000:]
     assert len(json.loads(done.stdout)["faces"]) == 1
-    assert "mini_xception_fer2013" in done.stderr  # the emotion model is loaded (and logged) ...
+    assert EmotionConfig().model in done.stderr  # the (default) emotion model is loaded (and logged) ...
     assert "retinaface" not in done.stderr  # ... the detector is not
 
 

@@ -22,6 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.config.app import ReconnectConfig
+from pipeline.inference.settings import EmotionConfig
 from tests.conftest import run_cli
 from tests.running_daemon import (
     RunningDaemon,
@@ -119,7 +120,7 @@ def test_metrics_parse_with_per_camera_series(served: tuple[RunningDaemon, str])
     assert {s.labels["stage"] for s in latency.samples if s.labels.get("camera") == "lobby"} >= \
            {"detect", "crop", "emotion", "total"}
     models = {s.labels["model"] for s in families["emotion_batch_size"].samples}
-    assert models == {"retinaface_mnet025", "mini_xception_fer2013"}
+    assert models == {"retinaface_mnet025", EmotionConfig().model}  # the default models
     for name in ("emotion_batch_queue_seconds", "emotion_batch_compute_seconds"):
         assert families[name].type == "histogram" and any(s.value > 0 for s in families[name].samples
                                                           if s.name.endswith("_count"))

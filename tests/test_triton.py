@@ -29,12 +29,21 @@ from tests.running_daemon import RunningDaemon, free_port, wait_until, write_con
 from tests.servers.triton import TritonServer, triton_missing, write_test_repository
 from tests.test_frames_path import _frames
 
-DETECTOR, EMOTION = "retinaface_mnet025", "mini_xception_fer2013"
+DETECTOR, EMOTION = "retinaface_mnet025", "mini_xception_fer2013"  # the 64 px model: serving mechanics, cheaply
+PIN_EMOTION = f"emotion: {{model: {EMOTION}}}\n"  # the configs below run it instead of the default model
 RENAMED = "emotion_renamed_input"  # the emotion model served with another input name
 
 
 def _model_file(name: str) -> Path:
     return ROOT / "models" / f"{name}.fp32.onnx"
+
+
+def _config_with_emotion_model(tmp_path: Path) -> Path:
+    """config/default.yaml with the emotion model these tests serve."""
+    path = tmp_path / "default-with-model.yaml"
+    path.write_text((ROOT / "config" / "default.yaml").read_text().replace(
+        "model: dlibface_emotion150", f"model: {EMOTION}"))
+    return path
 
 
 def _rename_input(repo: Path, name: str, old: str, new: str) -> None:
@@ -132,7 +141,7 @@ def _metric(text: str, name: str, model: str) -> float:
 def test_server_killed_and_restarted_the_daemon_recovers(triton: TritonServer, tmp_path: Path) -> None:
     port = free_port()
     extra = ("inference: {backend: triton, max_delay_ms: 2, triton: {url: '%s', timeout_ms: 1000, "
-             "reconnect_min_s: 0.2, reconnect_max_s: 0.5, token: s3cret-triton-token}}\n" % triton.url)
+             "reconnect_min_s: 0.2, reconnect_max_s: 0.5, token: s3cret-triton-token}}\n" % triton.url) + PIN_EMOTION
     config = write_config(tmp_path / "config.yaml", [f"{{name: lobby, source: '{data_path('video', 'woman_short.mp4')}',"
                                                      " fps: 10, loop: true}"], extra, port=port)
     base = f"http://127.0.0.1:{port}"
@@ -179,7 +188,7 @@ def test_prepare_models_writes_a_triton_repository(prepared_models: None, tmp_pa
     from tritonclient.grpc import model_config_pb2
 
     repo = tmp_path / "repo"
-    done = run_cli("prepare-models", "--triton-repo", str(repo))
+    done = run_cli("prepare-models", "--triton-repo", str(repo), "--config", str(_config_with_emotion_model(tmp_path)))
     assert done.returncode == 0, done.stderr[-2000:]
     expected = {DETECTOR: (["image"], ["top_score", "top_anchor", "top_loc", "top_landmarks"]),
                 EMOTION: (["image"], ["probs"])}
@@ -201,7 +210,8 @@ def test_triton_repository_with_a_queue_delay(prepared_models: None, tmp_path: P
     from tritonclient.grpc import model_config_pb2
 
     repo = tmp_path / "repo"
-    done = run_cli("prepare-models", "--triton-repo", str(repo), "--triton-queue-delay-us", "500")
+    done = run_cli("prepare-models", "--triton-repo", str(repo), "--triton-queue-delay-us", "500",
+                   "--config", str(_config_with_emotion_model(tmp_path)))
     assert done.returncode == 0, done.stderr[-2000:]
     for name in (DETECTOR, EMOTION):
         config = text_format.Parse((repo / name / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
@@ -248,7 +258,7 @@ def test_bench_pipeline_reports_tritons_batching(triton: TritonServer, tmp_path:
     out = tmp_path / "bench.json"
     done = run_cli("bench", "pipeline", "--video", str(video), "--cameras", "2", "--fps", "10", "--duration", "3",
                    "--mode", "batched", "--backend", "triton", "--triton-url", triton.url, "--log-level", "warning",
-                   "--json", str(out), timeout=240)
+                   "--json", str(out), "--config", str(_config_with_emotion_model(tmp_path)), timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     run = json.loads(out.read_text())["results"][0]
     assert run["backend"] == "triton" and run["analysed_per_s"] > 0

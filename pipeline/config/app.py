@@ -157,11 +157,6 @@ class AppConfig(StrictModel):
     server: ServerConfig = Field(default_factory=ServerConfig, description="HTTP status server.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Logging.")
 
-    @property
-    def emotion_model(self) -> str:
-        """The emotion model that runs: emotion.model, with auto resolved for inference.device."""
-        return self.emotion.model_for(self.inference.device)
-
     @field_validator("cameras")
     @classmethod
     def _unique_cameras(cls, value: list[CameraConfig]) -> list[CameraConfig]:
@@ -286,11 +281,6 @@ def _input_summary(detector: DetectorConfig) -> str:
     return f"input auto per camera shape (long side {detector.max_input_side}: {examples}; smaller frames not enlarged)"
 
 
-def _emotion_summary(config: AppConfig) -> str:
-    auto = config.emotion.model == "auto"
-    return f"{config.emotion_model} (auto on {config.inference.device})" if auto else config.emotion_model
-
-
 def summarize(config: AppConfig) -> str:
     """A few lines for `check-config`, so an operator sees what the daemon would do; credentials masked."""
     lines = [f"cameras: {len(config.cameras)} ({sum(c.enabled for c in config.cameras)} enabled)"]
@@ -299,7 +289,7 @@ def summarize(config: AppConfig) -> str:
         state = "" if camera.enabled else ", disabled"
         lines.append(f"  {camera.name}: {source} ({camera.source_kind}), {camera.fps:g} fps{state}")
     lines.append(f"models: detector {config.detector.model} {_input_summary(config.detector)}, "
-                 f"emotion {_emotion_summary(config)} (crop {config.emotion.crop})")
+                 f"emotion {config.emotion.model} (crop {config.emotion.crop})")
     inference = config.inference
     lines.append(f"inference: {inference.backend} on {inference.device}, {inference.precision}, "
                  f"max_batch {inference.max_batch}, lanes {inference.lanes}, "

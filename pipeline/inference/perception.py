@@ -72,7 +72,7 @@ def load_perception(cfg: PerceptionSettings, auto_prepare: bool = True) -> Perce
     if not cfg.inference.graph_frames:
         return Perception.from_config(cfg, auto_prepare)
     det_manifest = load_manifest(cfg.detector.model)
-    emo_manifest = load_manifest(cfg.emotion_model)
+    emo_manifest = load_manifest(cfg.emotion.model)
     det_path, precision = _prepared(det_manifest, cfg.inference, auto_prepare)
     emo_path, _ = _prepared(emo_manifest, cfg.inference, auto_prepare)
     perception = load_frame_perception(det_path, emo_path, cfg.detector, cfg.emotion, emo_manifest, cfg.inference,
@@ -115,7 +115,7 @@ class Perception:
     @classmethod
     def from_config(cls, cfg: PerceptionSettings, auto_prepare: bool = True) -> Perception:
         det_manifest = load_manifest(cfg.detector.model)
-        emo_manifest = load_manifest(cfg.emotion_model)
+        emo_manifest = load_manifest(cfg.emotion.model)
         detector_model = load_batched_model(det_manifest, cfg.inference, auto_prepare, cfg.detector.fixed_input_size)
         emotion_model = load_batched_model(emo_manifest, cfg.inference, auto_prepare)
         return cls(FaceDetector(detector_model, cfg.detector),

@@ -102,17 +102,13 @@ def _check_side(side: int, key: tuple[int, ...] = ()) -> None:
                                "must be a multiple of 32 between 64 and 4096", key=key, value=side)
 
 
-# What `emotion.model: auto` runs, by inference.device: the fine-tuned face-recognition network where a GPU has time
-# for it, and the student distilled from it on a CPU (models/README.md has both model cards and their costs).
-AUTO_EMOTION_MODELS = {"cpu": "dlibface_student64", "cuda": "dlibface_emotion150", "tensorrt": "dlibface_emotion150"}
-
-
 class EmotionConfig(StrictModel):
     """The emotion classifier run on each face."""
 
-    model: str = Field("mini_xception_fer2013", min_length=1, description="Emotion model name in models/, or auto: "
-                       "dlibface_emotion150 on a GPU (inference.device cuda or tensorrt), dlibface_student64 on the "
-                       "CPU (models/README.md: what each reads right and costs).")
+    model: str = Field("dlibface_emotion150", min_length=1, description="Emotion model name in models/: "
+                       "dlibface_emotion150 (dlib's face network fine-tuned, 150 px; reads photos best, 5.4 ms per "
+                       "face with flip on 2 CPU cores), dlibface_student64 (2.3 ms), mini_xception_fer2013 or "
+                       "fer2013_resnet_t64 (models/README.md: what each reads right and costs).")
     crop: Literal["align", "box"] = Field("box", description="How the face is cut for the classifier: box = the "
                                                              "detection box plus box_margin (measured best on "
                                                              "faces/wild, see BENCHMARKS.md), align = 5-point "
@@ -122,10 +118,6 @@ class EmotionConfig(StrictModel):
     flip: bool = Field(True, description="Test-time flip: classify each face and its mirror image in the same "
                                          "batch and average the two. Twice the classifier work (+0.75 ms per face "
                                          "on 2 CPU cores); more right answers on faces/wild (12 fixed, 4 broken).")
-
-    def model_for(self, device: str) -> str:
-        """The model name that runs on `device` (inference.device): `model`, with auto resolved."""
-        return AUTO_EMOTION_MODELS[device] if self.model == "auto" else self.model
 
 
 class TritonModelRef(StrictModel):

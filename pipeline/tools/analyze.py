@@ -224,7 +224,7 @@ class CroppedModels:
     start-up time and memory for nothing)."""
 
     def __init__(self, cfg: AppConfig) -> None:
-        manifest = load_manifest(cfg.emotion_model)
+        manifest = load_manifest(cfg.emotion.model)
         model = load_batched_model(manifest, cfg.inference)
         self.classifier = EmotionClassifier(model, manifest, cfg.emotion.crop, cfg.emotion.box_margin,
                                             cfg.emotion.flip)

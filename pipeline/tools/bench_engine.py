@@ -98,7 +98,7 @@ def bench_engine(args: argparse.Namespace) -> dict[str, Any]:
     cfg: AppConfig = load_config(args.config)
     width, height = (int(v) for v in args.detector_input.lower().split("x"))
     batches = [int(b) for b in args.batch.split(",")]
-    manifest = load_manifest(cfg.detector.model if args.model == "detector" else cfg.emotion_model)
+    manifest = load_manifest(cfg.detector.model if args.model == "detector" else cfg.emotion.model)
     crop = manifest.input.size or (64, 64)
     items = _items(args.model, (width, height) if args.model == "detector" else crop, _pixels(args.video, 64))
     rows = []

@@ -154,7 +154,7 @@ class _TritonWindow:
     the server shows how far its dynamic batcher merged what the daemon sent."""
 
     def __init__(self, cfg: AppConfig) -> None:
-        self._models = [cfg.detector.model, cfg.emotion_model] if cfg.inference.backend == "triton" else []
+        self._models = [cfg.detector.model, cfg.emotion.model] if cfg.inference.backend == "triton" else []
         self._settings = cfg.inference.triton
         self._start: dict[str, dict[str, int]] = {}
 

@@ -97,7 +97,7 @@ def cmd_prepare_models(args: argparse.Namespace) -> int:
     if args.triton_repo is not None and len(precisions) != 1:
         raise UsageError("--triton-repo: give one --precision (the repository serves each model in one precision)")
     cfg = _load(args.config)
-    names = args.model or [cfg.detector.model, cfg.emotion_model]
+    names = args.model or [cfg.detector.model, cfg.emotion.model]
     for name in names:
         for path in prepare_model(load_manifest(name), precisions, args.calib, force=args.force):  # type: ignore[arg-type]
             print(path)
@@ -141,7 +141,7 @@ def cmd_build_engine(args: argparse.Namespace) -> int:
     if not 1 <= max_batch <= 1024:
         raise UsageError(f"--max-batch: {max_batch} is outside 1..1024")
     input_size = args.input_size or cfg.detector.input_size
-    for name in args.model or [cfg.detector.model, cfg.emotion_model]:
+    for name in args.model or [cfg.detector.model, cfg.emotion.model]:
         manifest = load_manifest(name)
         onnx_path = ensure_model(manifest, precision)
         result = build_for_cli(manifest, onnx_path, precision, max_batch, input_size, force=args.force,

@@ -127,7 +127,7 @@ def model_file_findings(cfg: AppConfig) -> list[Finding]:
     from pipeline.modelprep.manifest import ManifestError, load_manifest
 
     findings: list[Finding] = []
-    for role, name in (("detector", cfg.detector.model), ("emotion", cfg.emotion_model)):
+    for role, name in (("detector", cfg.detector.model), ("emotion", cfg.emotion.model)):
         try:
             manifest = load_manifest(name)
         except ManifestError as exc:
@@ -225,7 +225,7 @@ def probe_models(cfg: AppConfig) -> list[tuple[Finding, bool]]:
     missing_device = device_findings(cfg.inference)
     results: list[tuple[Finding, bool]] = [(finding, False) for finding in missing_device]
     for role, name, size in (("detector", cfg.detector.model, cfg.detector.input_size),
-                             ("emotion", cfg.emotion_model, None)):
+                             ("emotion", cfg.emotion.model, None)):
         found = _probe_model(role, name, cfg.inference, size, load=not missing_device)
         if found is not None:
             results.append(found)
