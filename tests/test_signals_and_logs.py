@@ -33,13 +33,16 @@ ATTEMPTS = 5  # a machine too busy for the poll to see the window gets another p
 
 @pytest.fixture
 def start() -> Iterator[Callable[[Path], RunningDaemon]]:
-    """`run --config FILE` processes, each killed at the end if it is still running, started with SIGINT as a
-    terminal leaves it. A suite launched as a shell's background job (`cmd &` without job control) inherits SIGINT
-    ignored, an ignored signal stays ignored across exec, and the daemon then rightly leaves it so while it imports
-    (as under nohup): a caught handler here makes the children start with the default disposition instead."""
-    inherited = signal.getsignal(signal.SIGINT)
-    if inherited is signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    """`run --config FILE` processes, each killed at the end if it is still running, started with SIGINT and SIGHUP
+    as a terminal leaves them. A suite launched as a shell's background job (`cmd &` without job control) inherits
+    SIGINT ignored, one launched under nohup SIGHUP; an ignored signal stays ignored across exec, and the daemon then
+    rightly leaves it so while it imports: a caught handler here makes the children start with the default
+    disposition instead."""
+    caught = {signal.SIGINT: signal.default_int_handler, signal.SIGHUP: lambda _signum, _frame: None}
+    inherited = {signum: signal.getsignal(signum) for signum in caught}
+    for signum, handler in caught.items():
+        if inherited[signum] is signal.SIG_IGN:
+            signal.signal(signum, handler)
     started: list[RunningDaemon] = []
 
     def run(config: Path) -> RunningDaemon:
@@ -51,8 +54,9 @@ def start() -> Iterator[Callable[[Path], RunningDaemon]]:
     finally:
         for daemon in started:
             daemon.kill()
-        if inherited is not None:  # None: a handler not set from Python, left alone
-            signal.signal(signal.SIGINT, inherited)
+        for signum, previous in inherited.items():
+            if previous is not None:  # None: a handler not set from Python, left alone
+                signal.signal(signum, previous)
 
 
 def _loaded(pid: int, library: str) -> bool:
