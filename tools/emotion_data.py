@@ -15,6 +15,7 @@ Each bundle keeps its own hold-out (`fer_npz.split_bundle`: by class for FER2013
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,9 +23,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipeline.tools.fer_npz import BundleError, CropBundle, load_bundle, split_bundle
-
-LABELS = ("angry", "disgust", "fear", "happy", "sad", "surprise", "neutral")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root: the pipeline's own split functions
+from pipeline.core.types import EMOTIONS as LABELS  # noqa: E402 - FER2013's order, the networks' outputs
+from pipeline.tools.fer_npz import BundleError, CropBundle, load_bundle, split_bundle  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from dlib_resnet import DlibFaceResNet, load_dlib_face_resnet  # tools/ beside this script
+from emotion_data import LABELS
 from torch import nn
-
-LABELS = ("angry", "disgust", "fear", "happy", "sad", "surprise", "neutral")
 
 
 class Block(nn.Module):

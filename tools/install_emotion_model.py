@@ -22,8 +22,10 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root
+from pipeline.core.types import EMOTIONS  # noqa: E402 - after the path that makes it importable
+
 MODELS = Path(__file__).resolve().parents[1] / "models"
-LABELS = ["angry", "disgust", "fear", "happy", "sad", "surprise", "neutral"]
 
 
 def manifest_for(name: str, description: str, card: dict, weights_sha256: str) -> dict:
@@ -36,7 +38,7 @@ def manifest_for(name: str, description: str, card: dict, weights_sha256: str) -
                    "license": "project weights (this repository's licence); see models/README.md"},
         "raw_input": {"name": "input", "layout": "NCHW", "scale": 1 / 255, "mean": [0.5], "std": [0.5]},
         "input": {"color": "gray", "size": [size, size]},
-        "outputs": ["probs"], "labels": LABELS, "min_agreement": 0.90,
+        "outputs": ["probs"], "labels": list(EMOTIONS), "min_agreement": 0.90,
     }
 
 

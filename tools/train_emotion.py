@@ -157,8 +157,8 @@ class Teacher:
 
     def accuracy(self, split: Split, device: torch.device) -> float:
         """The ensemble's own flip-averaged hold-out accuracy (mean of the members' probabilities)."""
-        probs = sum(F.softmax(logits_of(net, split, size, True, device), 1) for net, size in zip(self.nets,
-                                                                                               self.sizes))
+        probs = torch.stack([F.softmax(logits_of(net, split, size, True, device), 1)
+                             for net, size in zip(self.nets, self.sizes)]).sum(0)
         labels = torch.from_numpy(split.labels).to(device)
         return float((probs.argmax(1) == labels).float().mean())
 
@@ -282,7 +282,7 @@ def train(settings: Settings, train_set: TrainingSet, vals: list[Split], device:
             if kept is not net:
                 kept.update_parameters(net)  # type: ignore[operator]
             total += float(loss.detach())
-        model = kept.module if kept is not net else net
+        model: nn.Module = kept.module if kept is not net else net  # type: ignore[assignment]
         accuracies = [accuracy_of(model, split, settings.size, device) for split in vals]
         accuracy = sum(accuracies) / len(accuracies)
         log.info("epoch %d/%d: loss %.4f, validation %s (flip), %.1f s", epoch + 1, settings.epochs, total / steps,

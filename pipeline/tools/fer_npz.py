@@ -24,9 +24,10 @@ import numpy as np
 
 HOLDOUT_FRACTION = 0.1  # of every class
 HOLDOUT_SEED = 20261201  # keep it fixed: the published hold-out figures are on this split
-# How wide each known bundle's crops are cut, as the pipeline's emotion.box_margin: the photo bundle was cut at 0.25
-# (../shared/data/README.md), so the default crop (margin 0) is its central 1/1.5. FER2013's crops have their own
-# framing, which the pipeline's box crop at margin 0 matches: they are used whole.
+# How wide each known bundle's crops are cut, as the pipeline's emotion.box_margin (a bundle may also say so itself,
+# in a `box_margin` array): the photo bundle was cut at 0.25 (../shared/data/README.md), so the default crop (margin
+# 0) is its central 1/1.5. FER2013's crops have their own framing, which the pipeline's box crop at margin 0 matches:
+# they are used whole.
 BUNDLE_BOX_MARGINS = {"mux_dwdii_112.npz": 0.25}
 
 
@@ -61,6 +62,7 @@ def load_bundle(path: Path) -> CropBundle:
         jpeg, offsets, labels = data["jpeg"], data["offsets"], data["labels"]
         names = tuple(str(n) for n in data["label_names"])
         sources = data["sources"].astype(str) if "sources" in data.files else None
+        margin = float(data["box_margin"]) if "box_margin" in data.files else BUNDLE_BOX_MARGINS.get(Path(path).name)
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         raise BundleError(f"{path}: not an .npz of face crops with jpeg, offsets, labels and label_names "
                           f"({type(exc).__name__}: {exc})") from exc
@@ -79,8 +81,7 @@ def load_bundle(path: Path) -> CropBundle:
         raise BundleError(f"{path}: crops of several sizes {sorted(shapes)[:3]}; expected one")
     if sources is not None and len(sources) != len(labels):
         raise BundleError(f"{path}: {len(labels)} labels but {len(sources)} sources")
-    return CropBundle(np.stack(decoded), labels.astype(np.int64), names, np.arange(len(labels)), sources,
-                      BUNDLE_BOX_MARGINS.get(Path(path).name))
+    return CropBundle(np.stack(decoded), labels.astype(np.int64), names, np.arange(len(labels)), sources, margin)
 
 
 def stratified_split(labels: np.ndarray, fraction: float, seed: int, classes: int) -> tuple[np.ndarray, np.ndarray]:
