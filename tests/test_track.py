@@ -237,3 +237,56 @@ def test_smoothing_is_per_track() -> None:
     out_b = tracker.smooth(b, scores(*NEW), 0.3)
     assert np.allclose(out_a.probs, (np.array(OLD) + np.array(NEW)) / 2, atol=1e-6)
     assert np.allclose(out_b.probs, NEW, atol=1e-6)
+
+
+# --- following faces between detections (detector.interval) ---------------------------------------------------------
+
+
+def test_predict_moves_each_face_at_its_velocity_and_keeps_its_landmarks_in_place() -> None:
+    tracker = IouTracker(follow=True)
+    first = Detection((100.0, 50.0, 160.0, 130.0), 0.9, np.array([[110.0, 70.0]] * 5, np.float32))
+    (track_id,) = tracker.update([first], 0.0)
+    second = Detection(moved(first.box, 6.0, -3.0).box, 0.9, first.landmarks + np.float32([6.0, -3.0]))
+    tracker.update([second], DT)  # 180 px/s right, 90 px/s up
+    (got_id, predicted), = tracker.predict(3 * DT)
+    assert got_id == track_id
+    assert predicted.box == pytest.approx((118.0, 41.0, 178.0, 121.0), abs=1e-6)  # two more frames on
+    assert predicted.landmarks[0] == pytest.approx((118.0 + 10.0, 41.0 + 20.0), abs=1e-4)
+
+
+def test_predict_never_keeps_a_track_alive() -> None:
+    tracker = IouTracker(max_age_s=0.5, follow=True)
+    tracker.update([face(0, 0, 50, 50)], 0.0)
+    assert len(tracker.predict(0.4)) == 1
+    assert tracker.predict(0.6) == []  # only detections count: 0.6 s after the last one the face is gone
+    (new_id,) = tracker.update([face(0, 0, 50, 50)], 0.7)
+    assert new_id != 1
+
+
+def test_following_matches_a_face_that_moved_more_than_its_width() -> None:
+    """A face 40 px wide that moved 50 px between two detections overlaps nothing: following matches it by distance
+    (and the same tracker without following starts a new track, as it always did)."""
+    for follow, same in ((True, True), (False, False)):
+        tracker = IouTracker(follow=follow)
+        (first,) = tracker.update([face(100, 100, 140, 150)], 0.0)
+        (second,) = tracker.update([face(150, 104, 190, 154)], 3 * DT)
+        assert (second == first) is same
+
+
+def test_following_finds_the_face_by_its_look() -> None:
+    """A textured patch that jumps sideways while the motion model expects it to stand still is found where it went
+    (template matching on the frame); on a blank frame the motion model's guess stands."""
+    rng = np.random.default_rng(3)
+    patch = rng.integers(0, 255, (60, 48, 3), dtype=np.uint8)
+    frame0 = np.full((240, 320, 3), 90, np.uint8)
+    frame0[100:160, 100:148] = patch
+    frame1 = np.full((240, 320, 3), 90, np.uint8)
+    frame1[104:164, 124:172] = patch  # 24 px right, 4 down
+    tracker = IouTracker(follow=True)
+    tracker.update([face(100, 100, 148, 160)], 0.0, frame0)
+    ((_, found),) = tracker.predict(DT, frame1)
+    assert found.box == pytest.approx((124.0, 104.0, 172.0, 164.0), abs=2.5)
+    tracker = IouTracker(follow=True)
+    tracker.update([face(100, 100, 148, 160)], 0.0, frame0)
+    ((_, guessed),) = tracker.predict(DT, np.full_like(frame1, 90))
+    assert guessed.box == pytest.approx((100.0, 100.0, 148.0, 160.0))

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 import onnx
 
-from pipeline.core.types import FrameImage
+from pipeline.core.types import Detection, FrameImage
 from pipeline.inference.backend import BackendError
 from pipeline.inference.batching import BatchedModel
 from pipeline.inference.classifier import normalised
@@ -271,6 +271,7 @@ class FramePerception:
         self.model = model
         self.engine = engine
         self.frames_in_flight = frames_in_flight  # per camera (inference.frames_in_flight, resolved)
+        self.interval = 1  # every frame through the detector graph: its classifier graph takes no given faces yet
         self._timeout = result_timeout_s
         self._formats = FormatGate(lambda fmt: self.model.on_lanes(lambda lane: self.engine.prepare(fmt, lane)))
 
@@ -308,6 +309,12 @@ class FramePerception:
             return result.detections(), result.emotions(), timings
         return PendingAnalysis(self.model.submit(image), finish, self._timeout)
 
+    def begin_tracked(self, image: FrameImage, faces: list[Detection]) -> PendingAnalysis:
+        """Not on this path: `interval` is 1 here, so a camera worker never asks (load_frame_perception says so when
+        detector.interval asks for more)."""
+        raise BackendError("the frame graphs path runs the detector on every frame (detector.interval 1); "
+                           "set inference.frame_path: opencv for an interval")
+
     def close(self) -> None:
         self.model.close()
 
@@ -336,6 +343,9 @@ def load_frame_perception(detector_path: Path, classifier_path: Path, detector: 
     describe = {"backend": "onnxruntime", "device": inference.device, "precision": precision,
                 "frame_path": "graph", "lanes": str(len(lanes)),
                 "files": f"{detector_path.name}, {classifier_path.name}"}
+    if detector.interval > 1:
+        log.warning("detector.interval %d: the frame graphs path runs the detector on every frame for now "
+                    "(inference.frame_path: opencv applies the interval)", detector.interval)
     engine = FrameEngine(lanes, detector, emotion, classifier, inference.max_batch, describe)
     model = BatchedModel(engine, "frames", inference.max_batch, inference.max_delay_ms, inference.queue_size)
     return FramePerception(model, engine, frames_in_flight=inference.frames_in_flight_for(graph=True))

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from pipeline.core.types import FrameImage
+from pipeline.core.types import Detection, FrameImage
 from pipeline.inference.backend import (
     BackendError,
     ModelRuntime,
@@ -55,10 +55,13 @@ class Analyzer(Protocol):
     once (analyze) or begun now and collected later (begin), up to `frames_in_flight` frames per camera."""
 
     frames_in_flight: int
+    interval: int  # the detector runs on every Nth frame of a camera (detector.interval); 1 on the frame graphs path
 
     def analyze(self, image: FrameImage) -> Analysis: ...
 
     def begin(self, image: FrameImage) -> PendingAnalysis: ...
+
+    def begin_tracked(self, image: FrameImage, faces: list[Detection]) -> PendingAnalysis: ...
 
     def models(self) -> list[tuple[str, BatchedModel]]: ...
 
@@ -111,6 +114,7 @@ class Perception:
     detector: FaceDetector
     classifier: EmotionClassifier
     frames_in_flight: int = 1  # a frame is analysed on the camera's thread, detector then classifier
+    interval: int = 1  # detector.interval: the frames between take their faces from the camera's tracker
 
     @classmethod
     def from_config(cls, cfg: PerceptionSettings, auto_prepare: bool = True) -> Perception:
@@ -120,7 +124,7 @@ class Perception:
         emotion_model = load_batched_model(emo_manifest, cfg.inference, auto_prepare)
         return cls(FaceDetector(detector_model, cfg.detector),
                    EmotionClassifier(emotion_model, emo_manifest, cfg.emotion.crop, cfg.emotion.box_margin,
-                                     cfg.emotion.flip))
+                                     cfg.emotion.flip), interval=cfg.detector.interval)
 
     def models(self) -> list[tuple[str, BatchedModel]]:
         """Each shared model by role, for status and metrics."""
@@ -153,16 +157,28 @@ class Perception:
         """The OpenCV path analyses the frame now (its letterbox and crops run on the calling thread)."""
         return finished(self.analyze(image))
 
+    def begin_tracked(self, image: FrameImage, faces: list[Detection]) -> PendingAnalysis:
+        """A frame without detection (detector.interval): the emotions of the faces the tracker expects, now."""
+        return finished(self.classify_faces(_on_host(image), faces, 0.0))
+
     def analyze(self, image: FrameImage) -> Analysis:
         """Faces and their emotions in one BGR image, with per-stage times in ms (queue time included)."""
-        if not isinstance(image, np.ndarray):  # a camera still on the GPU path after a reload: copied down
-            image = image.to_host()
+        host = _on_host(image)
         t0 = time.monotonic()
-        faces = self.detector.detect(image, RESULT_TIMEOUT_S)
+        faces = self.detector.detect(host, RESULT_TIMEOUT_S)
+        return self.classify_faces(host, faces, (time.monotonic() - t0) * 1e3)
+
+    def classify_faces(self, image: np.ndarray, faces: list[Detection], detect_ms: float) -> Analysis:
+        """Crop and classify `faces` of `image`; the timings with the detector's `detect_ms`."""
         t1 = time.monotonic()
         crops = [self.classifier.face_crop(image, face) for face in faces]
         t2 = time.monotonic()
         scores = self.classifier.classify(crops, RESULT_TIMEOUT_S) if crops else []
         t3 = time.monotonic()
-        timings = {"detect": (t1 - t0) * 1e3, "crop": (t2 - t1) * 1e3, "emotion": (t3 - t2) * 1e3}
+        timings = {"detect": detect_ms, "crop": (t2 - t1) * 1e3, "emotion": (t3 - t2) * 1e3}
         return faces, scores, timings
+
+
+def _on_host(image: FrameImage) -> np.ndarray:
+    """A host frame as it is; a camera still on the GPU path after a reload: copied down."""
+    return image if isinstance(image, np.ndarray) else image.to_host()

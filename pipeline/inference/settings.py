@@ -51,6 +51,12 @@ class DetectorConfig(StrictModel):
     min_face_px: int = Field(32, ge=0, description="Faces narrower than this many pixels (original frame) are "
                                                    "ignored: too small to read an emotion.")
     max_faces: int = Field(16, ge=1, le=256, description="At most this many faces (highest scores) per frame.")
+    interval: int = Field(1, ge=1, le=30, description="Run the detector on every Nth frame of a camera (1: every "
+                          "frame). The frames between take each tracked face where its track's motion puts it and "
+                          "still read its emotion; a face that appears waits for the next detection. Cameras "
+                          "detect on different frames (staggered by name). Keep interval / fps well under "
+                          "tracking.max_age_s, or tracks end between detections. frame_path opencv only for now: "
+                          "the frame graphs path detects every frame.")
 
     @field_validator("input_size", mode="before")
     @classmethod

@@ -42,9 +42,9 @@ class PreviewingWorker(CameraWorker):
     last_frame: Frame | None = None
 
     def observe(self, frame: Frame, faces: list[Detection], scores: list[EmotionScores],
-                timings: dict[str, float]) -> Observation:
+                timings: dict[str, float], tracked: list[int] | None = None) -> Observation:
         self.last_frame = frame
-        return super().observe(frame, faces, scores, timings)
+        return super().observe(frame, faces, scores, timings, tracked)
 
 
 @dataclass

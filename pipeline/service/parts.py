@@ -123,8 +123,11 @@ def limit_opencv_threads(cfg: AppConfig) -> None:
 
 
 def new_tracker(cfg: AppConfig) -> IouTracker:
+    """A camera's tracker; it follows faces between detections when the detector skips frames (detector.interval
+    on the OpenCV frame path: the frame graphs path detects every frame)."""
     t = cfg.tracking
-    return IouTracker(t.iou_threshold, t.max_age_s, t.smoothing_half_life_ms)
+    follow = cfg.detector.interval > 1 and not cfg.inference.graph_frames
+    return IouTracker(t.iou_threshold, t.max_age_s, t.smoothing_half_life_ms, follow=follow)
 
 
 def label_sinks(sinks: list[Sink]) -> list[tuple[str, Sink]]:

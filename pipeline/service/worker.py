@@ -3,6 +3,10 @@
 Batching is invisible here: the detector and classifier are shared BatchedModels; this code hands frames over and
 collects their results in frame order, with up to `frames_in_flight` of them in the engine at once (one, on the OpenCV
 path; two by default on the GPU frame graphs path, see inference.pending).
+
+With `detector.interval` N > 1 only every Nth frame goes through the detector (the camera's phase within N comes from
+its name, so cameras sharing the engine detect on different frames); the others classify the faces the tracker
+expects there (`IouTracker.predict`) and leave the tracks as they are: only detections keep a track alive.
 """
 
 from __future__ import annotations
@@ -10,9 +14,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from pipeline.capture.stats import RateMeter
 from pipeline.capture.thread import CaptureThread
@@ -50,11 +57,12 @@ class CameraWorker(threading.Thread):
         self.stats = WorkerStats()
         self._failures = RepeatLimiter(log)  # every frame fails alike while a backend is down
         self._stop_event = stop
+        self._frames_begun = zlib.crc32(capture.cfg.name.encode())  # the detection phase: staggered by name
 
     def run(self) -> None:
         last_index = 0
         depth = max(1, self.perception.frames_in_flight)
-        pending: deque[tuple[Frame, PendingAnalysis]] = deque()
+        pending: deque[tuple[Frame, PendingAnalysis, list[int] | None]] = deque()
         slot = self.capture.slot
         while not self._stop_event.is_set():
             self.stats.heartbeat = time.monotonic()
@@ -68,24 +76,36 @@ class CameraWorker(threading.Thread):
                     break
                 continue
             last_index = frame.index
-            begun = self._begin(frame)
+            begun, tracked = self._begin(frame)
             if begun is not None:
                 begun.add_done_callback(slot.wake)  # the wait above also ends when this frame's batch has run
-                pending.append((frame, begun))
+                pending.append((frame, begun, tracked))
                 self.stats.most_in_flight = max(self.stats.most_in_flight, len(pending))
 
-    def _begin(self, frame: Frame) -> PendingAnalysis | None:
+    def _begin(self, frame: Frame) -> tuple[PendingAnalysis | None, list[int] | None]:
+        """The frame handed to the engine, and for a frame without detection the track ids of its faces."""
+        self._frames_begun += 1
+        detect = self.perception.interval <= 1 or self._frames_begun % self.perception.interval == 0
+        tracked = [] if detect else self.tracker.predict(frame.t_mono, self._pixels(frame))
         try:
-            return self.perception.begin(frame.image)
+            if detect:
+                return self.perception.begin(frame.image), None
+            faces = [face for _, face in tracked]
+            return self.perception.begin_tracked(frame.image, faces), [track_id for track_id, _ in tracked]
         except QueueFullError:
             self.stats.skipped_busy += 1
         except ModelClosedError:
             pass
         except Exception as exc:  # noqa: BLE001 - one bad frame must not end the camera
             self._failed(frame, exc)
-        return None
+        return None, None
 
-    def _collect(self, frame: Frame, pending: PendingAnalysis) -> None:
+    def _pixels(self, frame: Frame) -> np.ndarray | None:
+        """The frame's host pixels for a tracker that follows faces by their look (None: it does not, or the frame
+        is on the GPU)."""
+        return frame.image if self.tracker.follow and isinstance(frame.image, np.ndarray) else None
+
+    def _collect(self, frame: Frame, pending: PendingAnalysis, tracked: list[int] | None = None) -> None:
         try:
             faces, scores, timings = pending.result()
         except ModelClosedError:
@@ -93,7 +113,7 @@ class CameraWorker(threading.Thread):
         except Exception as exc:  # noqa: BLE001 - one bad frame must not end the camera
             self._failed(frame, exc)
             return
-        self.publish(self.observe(frame, faces, scores, timings))
+        self.publish(self.observe(frame, faces, scores, timings, tracked))
 
     def _failed(self, frame: Frame, exc: Exception) -> None:
         self.stats.errors += 1
@@ -101,9 +121,10 @@ class CameraWorker(threading.Thread):
                            frame.camera, frame.index, exc)
 
     def observe(self, frame: Frame, faces: list[Detection], scores: list[EmotionScores],
-                timings: dict[str, float]) -> Observation:
-        """Attach track ids and smoothed scores; build the Observation."""
-        ids = self.tracker.update(faces, frame.t_mono)
+                timings: dict[str, float], tracked: list[int] | None = None) -> Observation:
+        """Attach track ids (a detection frame's from the tracker's matching; a frame without detection's are the
+        ones its faces were predicted for, `tracked`) and smoothed scores; build the Observation."""
+        ids = self.tracker.update(faces, frame.t_mono, self._pixels(frame)) if tracked is None else tracked
         results = tuple(
             FaceResult(face, score, track_id, self.tracker.smooth(track_id, score, frame.t_mono))
             for face, score, track_id in zip(faces, scores, ids)

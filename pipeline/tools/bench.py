@@ -6,6 +6,7 @@ Modes:
   engine   — one model alone per precision and batch size (bench_engine.py).
   pipeline — N cameras in real time, batched vs naive design, same run (bench_pipeline.py).
   soak     — the daemon's resident memory over a long run with periodic camera reconnects (bench_soak.py).
+  interval — detecting every Nth frame against every frame: box IoU, emotion agreement, CPU (bench_interval.py).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ EXAMPLES = {
     "pipeline": """examples:
   run_pipeline.py bench pipeline                          # 4 demo cameras, batched vs naive, 20 s each
   run_pipeline.py bench pipeline --video clip.mp4 --cameras 8 --fps 15 --detector-input 320x256 --plot p.png""",
+    "interval": """examples:
+  run_pipeline.py bench interval --video ../shared/data/video/woman2.mp4 --video ../shared/data/video/group_1080p.mp4
+  run_pipeline.py bench interval --video clip.mp4 --interval 5 --json interval.json""",
     "soak": """examples:
   run_pipeline.py bench soak --rtsp-server ../shared/data/video/group_1080p.mp4 --json soak.json   # 40 min, 4 cameras
   run_pipeline.py bench soak --rtsp-server clip.mp4 --duration-min 4 --reconnect-every-s 20 --warmup-min 1""",
@@ -97,6 +101,13 @@ def add_bench_args(parser: argparse.ArgumentParser, parents: list[argparse.Argum
     # soak is added after the loop: no --plot (its figures are a time series, in --json)
     add_soak_args(mode_parser("soak", "the daemon's resident memory over a long run in which every camera "
                                       "reconnects periodically"))
+    from pipeline.tools.bench_interval import add_interval_args
+
+    add_interval_args(mode_parser("interval", "the detector on every Nth frame, faces followed between: box IoU and "
+                                              "emotion agreement against every frame, and CPU, in one run"))
+    for action in modes.choices["interval"]._actions:
+        if action.help is None and action.dest in COMMON_HELP:
+            action.metavar, action.help = COMMON_HELP[action.dest]
 
 
 def machine() -> dict[str, object]:
@@ -220,9 +231,10 @@ def print_capture_table(result: dict[str, object]) -> None:
 def run_bench(args: argparse.Namespace) -> int:
     from pipeline.tools.bench_engine import bench_engine, print_engine_table
     from pipeline.tools.bench_pipeline import bench_pipeline, print_pipeline_table
+    from pipeline.tools.bench_interval import bench_interval, print_interval_table
     from pipeline.tools.bench_soak import bench_soak, print_soak_table
 
-    modes = {"analyze": (bench_analyze, print_analyze_table), "capture": (bench_capture, print_capture_table),
+    modes = {"interval": (bench_interval, print_interval_table),"analyze": (bench_analyze, print_analyze_table), "capture": (bench_capture, print_capture_table),
              "engine": (bench_engine, print_engine_table), "pipeline": (bench_pipeline, print_pipeline_table),
              "soak": (bench_soak, print_soak_table)}
     measure, show = modes[args.bench_mode]

@@ -28,7 +28,7 @@ from pipeline.core.types import Observation
 from pipeline.inference.frames import FramePerception
 from pipeline.inference.perception import Analyzer, load_perception
 from pipeline.modelprep.frame_graphs import FrameFormat
-from pipeline.service.parts import limit_opencv_threads
+from pipeline.service.parts import limit_opencv_threads, new_tracker
 from pipeline.service.worker import CameraWorker
 from pipeline.tools.bench_groups import (
     batch_figures,
@@ -37,7 +37,6 @@ from pipeline.tools.bench_groups import (
     run_groups,
 )
 from pipeline.tools.gpu_sampler import gpu_memory_mb
-from pipeline.vision.track import IouTracker
 
 WARMUP_S = 3.0
 
@@ -201,7 +200,7 @@ def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
     captures = [CaptureThread(cam, stop, lambda _e: None,
                               lambda c: open_source(c, gpu_active=gpu_active, device_frames=device_frames))
                 for cam in cfg.cameras]
-    workers = [CameraWorker(capture, perception, IouTracker(), recorder, stop)  # type: ignore[arg-type]
+    workers = [CameraWorker(capture, perception, new_tracker(cfg), recorder, stop)  # type: ignore[arg-type]
                for capture, perception, cam in zip(captures, perceptions, cfg.cameras)]
     for thread in [*captures, *workers]:
         thread.start()

@@ -1,7 +1,11 @@
-"""IoU tracking (stable ids per camera) and per-track smoothing of emotion probabilities.
+"""IoU tracking (stable ids per camera), each track's motion, and per-track smoothing of emotion probabilities.
 
 Smoothing is an exponential moving average whose weight depends on the real time between frames
 (alpha = 1 - 0.5 ** (dt / half_life)), so it behaves the same at 5 fps and at 30 fps.
+
+Motion: each track keeps a velocity per box coordinate, measured between its detections. Matching compares a
+detection with where each track should be by then, and `predict` gives the faces of a frame that is not run through
+the detector (`detector.interval`): every live track's last detection moved on at its velocity.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from itertools import count
 import numpy as np
 
 from pipeline.core.types import Detection, EmotionScores
+from pipeline.vision.follow import FaceTemplate, face_template, locate
 
 Box = tuple[float, float, float, float]
 
@@ -30,47 +35,144 @@ def box_iou(a: Box, b: Box) -> float:
     return inter / max(union, 1e-9)
 
 
+VELOCITY_BLEND = 0.5  # weight of the newest measurement in a track's velocity (the rest: the previous estimate)
+NEAR_WIDTHS = 1.5  # second matching pass: a face this many track widths from a track's expected centre, at most
+SIZE_RATIO = 1.5  # ... and no more than this much wider or narrower
+
+
+def _centre_distance(a: Box, b: Box) -> float:
+    return float(np.hypot((a[0] + a[2] - b[0] - b[2]) / 2.0, (a[1] + a[3] - b[1] - b[3]) / 2.0))
+
+
 @dataclass
 class Track:
     track_id: int
-    box: Box
-    last_seen: float
+    box: Box  # where the face was at box_time: its last detection, or where following found it since
+    last_seen: float  # when a detection last matched it: what keeps it alive
     probs: np.ndarray | None = None
     smoothed_at: float = 0.0
+    velocity: Box = (0.0, 0.0, 0.0, 0.0)  # pixels per second of each box coordinate
+    detection: Detection | None = None  # its last detection: what a prediction moves on
+    box_time: float = 0.0
+    template: FaceTemplate | None = None  # its face as last detected, to find it again between detections
+    moves: int = 0  # how many movements the velocity was measured from
+
+    def box_at(self, now: float) -> Box:
+        """Where the face should be at `now`, moved on from its last known box at the track's velocity."""
+        dt = now - self.box_time
+        x1, y1, x2, y2 = (b + v * dt for b, v in zip(self.box, self.velocity))
+        return (x1, y1, x2, y2)
+
+    def moved_to(self, box: Box, now: float) -> None:
+        """The face was found at `box` at `now`: measure the velocity since the last known box, move there."""
+        dt = now - self.box_time
+        if self.detection is not None and dt > 0:
+            blend = VELOCITY_BLEND if self.moves else 1.0  # the first measurement is all there is
+            measured = [(new - old) / dt for new, old in zip(box, self.box)]
+            v1, v2, v3, v4 = (blend * m + (1 - blend) * v for m, v in zip(measured, self.velocity))
+            self.velocity, self.moves = (v1, v2, v3, v4), self.moves + 1
+        self.box, self.box_time = box, now
+
+    def seen(self, face: Detection, now: float, frame: np.ndarray | None = None) -> None:
+        """A detection matched: the track moves there, lives on, and (given the frame) keeps the face's look."""
+        self.moved_to(face.box, now)
+        self.last_seen, self.detection = now, face
+        if frame is not None:
+            self.template = face_template(frame, face.box)
+
+
+def moved_detection(face: Detection, box: Box) -> Detection:
+    """`face` with its box replaced by `box` and its landmarks carried along (the same place within the box)."""
+    scale_x = (box[2] - box[0]) / max(face.box[2] - face.box[0], 1e-6)
+    scale_y = (box[3] - box[1]) / max(face.box[3] - face.box[1], 1e-6)
+    landmarks = np.asarray(face.landmarks, np.float32)
+    moved = np.stack([box[0] + (landmarks[:, 0] - face.box[0]) * scale_x,
+                      box[1] + (landmarks[:, 1] - face.box[1]) * scale_y], axis=1).astype(np.float32)
+    return Detection(box, face.score, moved)
 
 
 class IouTracker:
-    """Greedy highest-IoU-first matching of detections to live tracks; unmatched detections start new tracks."""
+    """Greedy highest-IoU-first matching of detections to live tracks; unmatched detections start new tracks.
 
-    def __init__(self, iou_threshold: float = 0.3, max_age_s: float = 1.0, half_life_ms: float = 300.0) -> None:
+    `follow` (a camera whose detector skips frames, detector.interval > 1): a detection is matched with where each
+    track should be by now (its velocity), and what overlap leaves unmatched is matched by distance
+    (`_match_near`). Without it, matching is by overlap with each track's last box alone, as always."""
+
+    def __init__(self, iou_threshold: float = 0.3, max_age_s: float = 1.0, half_life_ms: float = 300.0,
+                 follow: bool = False) -> None:
+        self.follow = follow
         self.iou_threshold = iou_threshold
         self.max_age_s = max_age_s
         self.half_life_s = half_life_ms / 1000.0
         self.tracks: dict[int, Track] = {}
         self._ids = count(1)
 
-    def update(self, faces: list[Detection], now: float) -> list[int]:
-        """Assign a track id to each face (same order), expiring tracks unseen for max_age_s."""
+    def update(self, faces: list[Detection], now: float, frame: np.ndarray | None = None) -> list[int]:
+        """Assign a track id to each face (same order), expiring tracks unseen for max_age_s; with the frame, each
+        face's look is kept for `predict` to find it again."""
         self.tracks = {k: t for k, t in self.tracks.items() if now - t.last_seen <= self.max_age_s}
         live = list(self.tracks.values())
         ids: list[int | None] = [None] * len(faces)
+        expected = [track.box_at(now) if self.follow else track.box for track in live]
         pairs = [(overlap, face_i, track_i)
-                 for face_i, face in enumerate(faces) for track_i, track in enumerate(live)
-                 if (overlap := box_iou(face.box, track.box)) >= self.iou_threshold]
+                 for face_i, face in enumerate(faces) for track_i, box in enumerate(expected)
+                 if (overlap := box_iou(face.box, box)) >= self.iou_threshold]
         taken: set[int] = set()
         for _, face_i, track_i in sorted(pairs, key=lambda pair: -pair[0]):  # stable: ties keep face, track order
             if ids[face_i] is None and track_i not in taken:
                 ids[face_i] = live[track_i].track_id
                 taken.add(track_i)
+        if self.follow:
+            self._match_near(faces, live, expected, ids, taken)
         for index, face in enumerate(faces):
             track_id = ids[index]
             if track_id is None:
                 track_id = next(self._ids)
-                self.tracks[track_id] = Track(track_id, face.box, now)
+                self.tracks[track_id] = Track(track_id, face.box, now, box_time=now)
                 ids[index] = track_id
-            track = self.tracks[track_id]
-            track.box, track.last_seen = face.box, now
+            self.tracks[track_id].seen(face, now, frame)
         return [int(i) for i in ids if i is not None]
+
+    @staticmethod
+    def _match_near(faces: list[Detection], live: list[Track], expected: list[Box], ids: list[int | None],
+                    taken: set[int]) -> None:
+        """Second pass, for what overlap left unmatched: a face whose centre lies within NEAR_WIDTHS of a track's
+        expected width from that track's expected centre, at a similar size, continues it (nearest first). A face
+        that moved more than its width since the last detection (a pan, or a detector run only every few frames)
+        overlaps nothing, yet is plainly the same face; without this it would start a new track with no velocity,
+        every time."""
+        pairs = []
+        for face_i, face in enumerate(faces):
+            if ids[face_i] is not None:
+                continue
+            for track_i, box in enumerate(expected):
+                if track_i in taken:
+                    continue
+                width = max(box[2] - box[0], 1e-6)
+                distance = _centre_distance(face.box, box) / width
+                if distance <= NEAR_WIDTHS and 1 / SIZE_RATIO <= (face.box[2] - face.box[0]) / width <= SIZE_RATIO:
+                    pairs.append((distance, face_i, track_i))
+        for _, face_i, track_i in sorted(pairs):
+            if ids[face_i] is None and track_i not in taken:
+                ids[face_i] = live[track_i].track_id
+                taken.add(track_i)
+
+    def predict(self, now: float, frame: np.ndarray | None = None) -> list[tuple[int, Detection]]:
+        """The faces of a frame that skips the detector: each live track (a detection within max_age_s) with its last
+        detection moved to where the track's motion puts it at `now` and, given the frame, to where its look is
+        found near there (the track then moves there too). Only detections keep a track alive, so a face that has
+        left ends max_age_s after its last detection, as without skipping."""
+        faces = []
+        for track in self.tracks.values():
+            if track.detection is None or now - track.last_seen > self.max_age_s:
+                continue
+            box = track.box_at(now)
+            found = locate(frame, track.template, box) if frame is not None and track.template else None
+            if found is not None:
+                track.moved_to(found, now)
+                box = found
+            faces.append((track.track_id, moved_detection(track.detection, box)))
+        return faces
 
     def smooth(self, track_id: int, scores: EmotionScores, now: float) -> EmotionScores:
         """Blend `scores` into the track's running probabilities and return the smoothed vector."""

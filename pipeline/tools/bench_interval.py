@@ -1,0 +1,144 @@
+"""`bench interval`: what running the detector on every Nth frame (detector.interval) costs in accuracy and saves in
+CPU, against every frame, on the same frames of a video, in one run.
+
+Every frame is analysed twice, by two trackers fed from one detector: the reference detects every frame; the other
+detects every Nth and, between, classifies the faces its tracker follows (`IouTracker.predict` with the frame), as a
+camera worker does. On each frame without detection each followed face is compared with the reference's detection it
+overlaps most on the same frame: the box's IoU, and whether the top emotion agrees, per frame and after each
+track's smoothing (what behaviour reads). Faces the detector did not find on that frame cannot be compared and are
+counted apart. CPU: the process time of the two ways of analysing a frame, summed over the video.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from pipeline.config.app import load_config
+from pipeline.core.types import Detection, EmotionScores
+from pipeline.inference.perception import Perception
+from pipeline.vision.track import IouTracker, box_iou
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def add_interval_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--video", type=Path, action="append", required=True, metavar="FILE",
+                        help="video file, every frame analysed both ways; repeatable")
+    parser.add_argument("--interval", type=int, default=3, help="detect every Nth frame (default 3)")
+    parser.add_argument("--config", type=Path, default=PROJECT_ROOT / "config" / "default.yaml")
+    parser.add_argument("--json", type=Path, default=None)
+
+
+@dataclass
+class Agreement:
+    """The comparison of one video: IoUs of followed boxes, emotion agreement, faces without a reference, CPU."""
+
+    ious: list[float] = field(default_factory=list)
+    same_raw: int = 0
+    same_smoothed: int = 0
+    without_reference: int = 0
+    cpu_s: dict[str, float] = field(default_factory=lambda: {"every": 0.0, "interval": 0.0})
+    frames: int = 0
+
+    def summary(self) -> dict[str, Any]:
+        ious = np.asarray(self.ious) if self.ious else np.zeros(1)
+        compared = max(len(self.ious), 1)
+        return {"frames": self.frames, "compared": len(self.ious), "without_reference": self.without_reference,
+                "iou_min": round(float(ious.min()), 3), "iou_p5": round(float(np.percentile(ious, 5)), 3),
+                "iou_median": round(float(np.median(ious)), 3),
+                "iou_at_least_0_8": round(float((ious >= 0.8).mean()), 4),
+                "emotion_agreement": round(self.same_raw / compared, 4),
+                "smoothed_agreement": round(self.same_smoothed / compared, 4),
+                "cpu_ratio": round(self.cpu_s["interval"] / max(self.cpu_s["every"], 1e-9), 3)}
+
+
+def _smoothed(tracker: IouTracker, ids: list[int], scores: list[EmotionScores], now: float) -> dict[int, str]:
+    return {track_id: tracker.smooth(track_id, score, now).emotion for track_id, score in zip(ids, scores)}
+
+
+def _compare(result: Agreement, followed: tuple[list[Detection], list[EmotionScores], dict[int, str], list[int]],
+             reference: tuple[list[Detection], list[EmotionScores], dict[int, str], list[int]]) -> None:
+    faces, scores, smoothed, ids = followed
+    ref_faces, ref_scores, ref_smoothed, ref_ids = reference
+    for face, score, track_id in zip(faces, scores, ids):
+        overlaps = [box_iou(face.box, ref.box) for ref in ref_faces]
+        best = int(np.argmax(overlaps)) if overlaps else -1
+        if best < 0 or overlaps[best] <= 0.0:
+            result.without_reference += 1
+            continue
+        result.ious.append(overlaps[best])
+        result.same_raw += score.emotion == ref_scores[best].emotion
+        result.same_smoothed += smoothed[track_id] == ref_smoothed[ref_ids[best]]
+
+
+def compare_intervals(perception: Perception, frames: list[np.ndarray], fps: float, interval: int) -> Agreement:
+    """Both ways over `frames` (see the module docstring). The detection frames of the skipping way reuse the
+    reference's detection and are charged its cost."""
+    every, skipping = IouTracker(), IouTracker(follow=True)
+    result = Agreement(frames=len(frames))
+    for index, frame in enumerate(frames):
+        now = index / fps
+        started = time.process_time()
+        faces, scores, _ = perception.analyze(frame)
+        ids = every.update(faces, now)
+        cost = time.process_time() - started
+        result.cpu_s["every"] += cost
+        reference = (faces, scores, _smoothed(every, ids, scores, now), ids)
+        started = time.process_time()
+        if index % interval == 0:
+            own_ids, own_faces, own_scores = skipping.update(faces, now, frame), faces, scores
+            result.cpu_s["interval"] += cost
+        else:
+            predicted = skipping.predict(now, frame)
+            own_ids, own_faces = [i for i, _ in predicted], [f for _, f in predicted]
+            own_scores = perception.classify_faces(frame, own_faces, 0.0)[1]
+        result.cpu_s["interval"] += time.process_time() - started
+        smoothed = _smoothed(skipping, own_ids, own_scores, now)
+        if index % interval:
+            _compare(result, (own_faces, own_scores, smoothed, own_ids), reference)
+    return result
+
+
+def frames_of(video: Path) -> tuple[list[np.ndarray], float]:
+    capture = cv2.VideoCapture(str(video))
+    fps = capture.get(cv2.CAP_PROP_FPS) or 25.0
+    frames = []
+    while True:
+        ok, frame = capture.read()
+        if not ok:
+            break
+        frames.append(frame)
+    capture.release()
+    return frames, float(fps)
+
+
+def bench_interval(args: argparse.Namespace) -> dict[str, Any]:
+    perception = Perception.from_config(load_config(args.config))
+    perception.warm_up()
+    try:
+        rows = []
+        for video in args.video:
+            frames, fps = frames_of(video)
+            agreement = compare_intervals(perception, frames, fps, args.interval)
+            rows.append({"video": video.name, "interval": args.interval, **agreement.summary()})
+    finally:
+        perception.close()
+    return {"mode": "interval", "model": perception.classifier.model.name, "rows": rows}
+
+
+def print_interval_table(result: dict[str, Any]) -> None:
+    print(f"detector every Nth frame vs every frame, emotion model {result['model']}")
+    print(f"{'video':22} {'N':>2} {'frames':>6} {'compared':>8} {'no ref':>6} {'IoU min':>7} {'p5':>6} "
+          f"{'median':>6} {'>=0.8':>6} {'emotion':>7} {'smoothed':>8} {'CPU x':>6}")
+    for row in result["rows"]:
+        print(f"{row['video']:22} {row['interval']:>2} {row['frames']:>6} {row['compared']:>8} "
+              f"{row['without_reference']:>6} {row['iou_min']:>7} {row['iou_p5']:>6} {row['iou_median']:>6} "
+              f"{row['iou_at_least_0_8']:>6} {row['emotion_agreement']:>7} {row['smoothed_agreement']:>8} "
+              f"{row['cpu_ratio']:>6}")

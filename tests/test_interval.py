@@ -1,0 +1,80 @@
+"""The detector on every Nth frame (detector.interval, issue 25 items 1-2), on the CPU with the real models: faces
+followed between detections against a detection on the same frames, and the daemon with an interval."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.config.loader import ConfigError
+from tests.conftest import ROOT, data_path, run_cli
+from tests.running_daemon import write_config
+
+
+@pytest.fixture(scope="module")
+def agreement(prepared_models: None) -> dict[str, dict[str, Any]]:
+    """`bench interval`'s comparison at interval 3 on both clips, with the default models (the emotion figures
+    depend on the emotion model: with mini-Xception woman2's smoothed agreement is 0.93, with the default 0.99)."""
+    from pipeline.config.app import load_config
+    from pipeline.inference.perception import Perception
+    from pipeline.tools.bench_interval import frames_of, compare_intervals
+
+    perception = Perception.from_config(load_config(ROOT / "config" / "default.yaml"))
+    results = {}
+    try:
+        for name in ("woman2.mp4", "group_1080p.mp4"):
+            frames, fps = frames_of(data_path("video", name))
+            results[name] = compare_intervals(perception, frames, fps, 3).summary()
+    finally:
+        perception.close()
+    return results
+
+
+def test_one_face_is_followed_within_the_detections_box_and_reads_the_same(agreement: dict) -> None:
+    """woman2.mp4, one face turning and moving: every followed box overlaps the detection on its frame by IoU 0.8 or
+    more (0.89 at worst when measured), and the smoothed emotion agrees on at least 97 % of them."""
+    row = agreement["woman2.mp4"]
+    assert row["compared"] >= 300 and row["without_reference"] == 0, row
+    assert row["iou_min"] >= 0.8, row
+    assert row["smoothed_agreement"] >= 0.97, row
+
+
+def test_a_panning_crowd_is_followed_but_not_as_closely(agreement: dict) -> None:
+    """group_1080p.mp4: a camera panning across several faces at 35 px a frame, detections coming and going. What
+    holds (issue 25's targets do not: BENCHMARKS.md): most followed boxes overlap the same frame's detection by 0.8
+    or more, and the median does."""
+    row = agreement["group_1080p.mp4"]
+    assert row["compared"] >= 200, row
+    assert row["iou_median"] >= 0.8 and row["iou_at_least_0_8"] >= 0.7, row
+
+
+def test_interval_is_validated(tmp_path: Path) -> None:
+    from pipeline.config.app import load_config
+
+    path = write_config(tmp_path / "bad.yaml", ["{name: a, source: demo}"], "detector: {interval: 0}\n")
+    path.write_text(path.read_text().replace("detector: {input_size: [320, 192]}\n", ""))
+    with pytest.raises(ConfigError, match="interval"):
+        load_config(path)
+
+
+@pytest.mark.slow
+def test_daemon_detects_every_third_frame_and_keeps_the_face_s_id(prepared_models: None, tmp_path: Path) -> None:
+    """A camera at interval 3: two of every three observations ran no detector (detect 0 ms), the face keeps one
+    track id throughout, and every observation has its emotion."""
+    video = data_path("video", "woman_short.mp4")
+    config = write_config(tmp_path / "interval.yaml", [f"{{name: lobby, source: '{video}', fps: 10}}"],
+                          "emotion: {model: mini_xception_fer2013}\n")
+    config.write_text(config.read_text().replace("detector: {input_size: [320, 192]}",
+                                                 "detector: {input_size: [320, 192], interval: 3}"))
+    done = run_cli("run", "--config", str(config), "--duration", "8", timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    observations = [e for e in map(json.loads, done.stdout.splitlines()) if e["type"] == "observation"]
+    with_face = [o for o in observations if o["faces"]]
+    assert len(with_face) >= 20, len(observations)
+    detected = [o for o in with_face if o["latency_ms"]["detect"] > 0]
+    assert 0.2 <= len(detected) / len(with_face) <= 0.5, (len(detected), len(with_face))
+    assert len({f["track_id"] for o in with_face for f in o["faces"]}) == 1
+    assert all(f["emotion"] and abs(sum(f["probs"].values()) - 1) < 1e-3 for o in with_face for f in o["faces"])
