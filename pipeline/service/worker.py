@@ -86,10 +86,10 @@ class CameraWorker(threading.Thread):
         """The frame handed to the engine, and for a frame without detection the track ids of its faces."""
         self._frames_begun += 1
         detect = self.perception.interval <= 1 or self._frames_begun % self.perception.interval == 0
-        tracked = [] if detect else self.tracker.predict(frame.t_mono, self._pixels(frame))
         try:
             if detect:
                 return self.perception.begin(frame.image), None
+            tracked = self.tracker.predict(frame.t_mono, self._pixels(frame))
             faces = [face for _, face in tracked]
             return self.perception.begin_tracked(frame.image, faces), [track_id for track_id, _ in tracked]
         except QueueFullError:
