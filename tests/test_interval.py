@@ -54,8 +54,8 @@ def test_a_panning_crowd_is_followed_but_not_as_closely(agreement: dict) -> None
 def test_interval_is_validated(tmp_path: Path) -> None:
     from pipeline.config.app import load_config
 
-    path = write_config(tmp_path / "bad.yaml", ["{name: a, source: demo}"], "detector: {interval: 0}\n")
-    path.write_text(path.read_text().replace("detector: {input_size: [320, 192]}\n", ""))
+    path = tmp_path / "bad.yaml"
+    path.write_text("cameras:\n  - {name: a, source: demo}\ndetector: {interval: 0}\n")
     with pytest.raises(ConfigError, match="interval"):
         load_config(path)
 

@@ -23,6 +23,7 @@ import numpy as np
 from pipeline.config.app import load_config
 from pipeline.core.types import Detection, EmotionScores
 from pipeline.inference.perception import Perception
+from pipeline.tools.bench_engine import video_frames
 from pipeline.vision.track import IouTracker, box_iou
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -106,17 +107,12 @@ def compare_intervals(perception: Perception, frames: list[np.ndarray], fps: flo
     return result
 
 
-def frames_of(video: Path) -> tuple[list[np.ndarray], float]:
+def frames_of(video: Path, most: int = 10_000) -> tuple[list[np.ndarray], float]:
+    """A video's frames (up to `most`) and its frame rate (25 when the file does not say)."""
     capture = cv2.VideoCapture(str(video))
     fps = capture.get(cv2.CAP_PROP_FPS) or 25.0
-    frames = []
-    while True:
-        ok, frame = capture.read()
-        if not ok:
-            break
-        frames.append(frame)
     capture.release()
-    return frames, float(fps)
+    return video_frames(video, most), float(fps)
 
 
 def bench_interval(args: argparse.Namespace) -> dict[str, Any]:
