@@ -3,7 +3,7 @@
 # onnxruntime-gpu there). Usage there, from the project root, with the prepared models/ and a copy of the test
 # videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
 #  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | groups |
-#  groups-sweep | nvdec-latency | ab)
+#  groups-sweep | nvdec-latency | ab | memory | interval-sweep)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
 set -uo pipefail
@@ -137,13 +137,41 @@ case "${1:-check}" in
       python3 run_pipeline.py bench pipeline --video "$PWD/.benchdata/video/$clip" --cameras "${CAMS:-64}" \
         --fps "${FPS:-25}" --device cuda --precision fp16 --detector-input 640x352 --max-batch 64 --lanes 1 \
         --batch-step 2 --mode batched --decode gpu --frame-path graph --duration "${DURATION:-20}" --processes "$procs" \
-        --log-level warning --json "$OUT/groups_${clip%.mp4}_${CAMS:-64}cams_${procs}.json" | tail -3
+        --interval "${INTERVAL:-1}" --log-level warning ${EXTRA:-} \
+        --json "$OUT/groups_${clip%.mp4}_${CAMS:-64}cams_${procs}${TAG:-}.json" | tail -3
     done
     ;;
   groups-sweep)  # the most cameras that hold p99 <= 100 ms: each count of CAMS_LIST as groups of PER cameras (32)
     per=${PER:-32}
     for cams in ${CAMS_LIST:-64 96 128 160}; do
       CAMS=$cams PROCS=$(( (cams + per - 1) / per )) bash "$0" groups
+    done
+    ;;
+  memory)  # issue 25 item 3: one camera group's GPU and host memory step by step (bench memory), one process per
+    # variant, group_1080p.mp4 at 25 fps through NVDEC on the frame graphs path; VARIANTS picks among the names below
+    common="--video $PWD/.benchdata/video/group_1080p.mp4 --fps 25 --device cuda --precision fp16 --detector-input 640x352 \
+      --lanes 1 --mode batched --decode gpu --frame-path graph --duration ${DURATION:-10} --settle-s 4 --log-level warning"
+    for variant in ${VARIANTS:-base nocudnnws step4 student cams8}; do
+      case $variant in
+        base) opts="--cameras 32 --max-batch 64 --batch-step 2" ;;
+        nocudnnws) opts="--cameras 32 --max-batch 64 --batch-step 2 --set inference.cudnn_max_workspace=false" ;;
+        step4) opts="--cameras 32 --max-batch 64 --batch-step 4" ;;
+        student) opts="--cameras 32 --max-batch 64 --batch-step 2 --set emotion.model=dlibface_student64" ;;
+        minix) opts="--cameras 32 --max-batch 64 --batch-step 2 --set emotion.model=mini_xception_fer2013" ;;
+        interval3) opts="--cameras 32 --max-batch 64 --batch-step 2 --interval 3" ;;
+        cams8) opts="--cameras 8 --max-batch 16 --batch-step 2" ;;
+        lean) opts="--cameras 32 --max-batch 64 --batch-step 4 --set inference.cudnn_max_workspace=false" ;;
+        *) echo "unknown variant $variant"; continue ;;
+      esac
+      echo "== memory $variant: $opts"
+      python3 run_pipeline.py bench memory $common $opts ${EXTRA:-} --json "$OUT/memory_${variant}.json" | tail -9
+    done
+    ;;
+  interval-sweep)  # issue 25: the most cameras at detector.interval INTERVAL (3) with MODEL (the default), groups of
+    # PER (32) cameras under MPS, each count of CAMS_LIST
+    for cams in ${CAMS_LIST:-128 160}; do
+      CAMS=$cams PROCS=$(( (cams + ${PER:-32} - 1) / ${PER:-32} )) INTERVAL=${INTERVAL:-3} TAG="_n${INTERVAL:-3}${MODEL:+_$MODEL}" \
+        EXTRA="${MODEL:+--set emotion.model=$MODEL} ${EXTRA:-}" bash "$0" groups
     done
     ;;
   nvdec-latency)  # NVDEC's display latency per mode (frames held back), memory per decoder, and NvdecSource's choice

@@ -128,6 +128,55 @@ def test_a_frame_without_faces(graph_perception: FramePerception) -> None:
     assert {"detect", "crop", "emotion", "queue"} <= set(timings)
 
 
+def _tracked_against_detected(perception: FramePerception, frames: list[Any], moved: float = 0.0) -> None:
+    """Frames without detection (detector.interval) mixed into batches with detected ones: given the very faces the
+    detector found on the same frame (shifted by `moved` px, the tracker's kind of error), each frame's emotions are
+    the detected ones', and every frame gets its own faces back, whatever else ran in its batch."""
+    detected = [perception.analyze(frame) for frame in frames]
+    shifted = [[Detection((f.box[0] + moved, f.box[1], f.box[2] + moved, f.box[3]), f.score,
+                          f.landmarks + np.float32([moved, 0])) for f in faces] for faces, _, _ in detected]
+
+    def one(index: int) -> Any:  # even frames tracked, odd ones detected, all at once
+        if index % 2:
+            return perception.begin(frames[index]).result()
+        return perception.begin_tracked(frames[index], shifted[index]).result()
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        mixed = list(pool.map(one, range(len(frames))))
+    assert any(faces for faces, _, _ in detected)
+    for index, ((faces, scores, timings), (ref_faces, ref_scores, _)) in enumerate(zip(mixed, detected)):
+        assert len(faces) == len(ref_faces)
+        np.testing.assert_allclose([f.box for f in faces], [f.box for f in (shifted[index] if index % 2 == 0
+                                                                                   else ref_faces)], atol=1e-3)
+        if index % 2 == 0:
+            assert timings["detect"] == 0.0
+        if moved == 0.0:  # the same crops: the same probabilities
+            np.testing.assert_allclose([s.probs for s in scores], [s.probs for s in ref_scores], atol=1e-4)
+        else:
+            assert [s.emotion for s in scores] == [s.emotion for s in ref_scores]
+
+
+def test_frames_without_detection_read_the_tracker_s_faces(graph_perception: FramePerception) -> None:
+    """detector.interval on the frame graphs path: a tracked frame skips the detector graph, and the classifier graph
+    reads the faces it carries; mixed with detected frames of two sizes in one batch."""
+    frames = (_frames(data_path("video", "woman2.mp4"), 6, 11) + _frames(data_path("video", "group_1080p.mp4"), 6, 13))
+    _tracked_against_detected(graph_perception, frames)
+    _tracked_against_detected(graph_perception, frames[:6], moved=2.0)
+    assert max(graph_perception.model.stats.batch_sizes) > 1
+
+
+def test_a_batch_of_tracked_frames_only(graph_perception: FramePerception) -> None:
+    """A batch in which no frame is detected (every camera between detections) runs the classifier graph alone; a
+    tracked frame whose tracker has no face gives no face."""
+    frame = _frames(data_path("video", "woman2.mp4"), 1, 1)[0]
+    faces, scores, _ = graph_perception.analyze(frame)
+    assert faces
+    again, again_scores, timings = graph_perception.begin_tracked(frame, faces).result()
+    assert timings["detect"] == 0.0 and len(again) == len(faces)
+    np.testing.assert_allclose([s.probs for s in again_scores], [s.probs for s in scores], atol=1e-4)
+    assert graph_perception.begin_tracked(frame, []).result()[:2] == ([], [])
+
+
 def test_thresholds_apply_at_run_time(prepared_models: None, app_config: Any) -> None:
     """The score threshold is a graph input: a stricter one gives fewer faces with no rebuilt graph."""
     frames = _frames(data_path("video", "group_1080p.mp4"), 3, 11)
@@ -198,6 +247,20 @@ def test_on_cuda_with_host_frames(prepared_models: None, app_config: Any, percep
         gpu.close()
     same_count, same_top, worst_px, _ = _agreement([perception.analyze(f) for f in frames], candidate)
     assert same_count >= 0.99 and same_top >= 0.98 and worst_px <= 2.0
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_cuda_frames_without_detection(prepared_models: None, app_config: Any) -> None:
+    """The CUDA lane stages every frame of a batch and runs the detector graph on the detected ones only."""
+    frames = _frames(data_path("video", "group_1080p.mp4"), 12, 13)
+    gpu = _prepared_gpu(app_config, frames[0])
+    try:
+        _tracked_against_detected(gpu, frames)
+        faces, _, _ = gpu.analyze(frames[0])
+        assert gpu.begin_tracked(frames[0], faces).result()[2]["detect"] == 0.0
+    finally:
+        gpu.close()
 
 
 @pytest.mark.gpu

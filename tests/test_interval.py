@@ -61,12 +61,14 @@ def test_interval_is_validated(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_daemon_detects_every_third_frame_and_keeps_the_face_s_id(prepared_models: None, tmp_path: Path) -> None:
-    """A camera at interval 3: two of every three observations ran no detector (detect 0 ms), the face keeps one
-    track id throughout, and every observation has its emotion."""
+@pytest.mark.parametrize("frame_path", ["opencv", "graph"])
+def test_daemon_detects_every_third_frame_and_keeps_the_face_s_id(prepared_models: None, tmp_path: Path,
+                                                                   frame_path: str) -> None:
+    """A camera at interval 3, on both frame paths: two of every three observations ran no detector (detect 0 ms),
+    the face keeps one track id throughout, and every observation has its emotion."""
     video = data_path("video", "woman_short.mp4")
     config = write_config(tmp_path / "interval.yaml", [f"{{name: lobby, source: '{video}', fps: 10}}"],
-                          "emotion: {model: mini_xception_fer2013}\n")
+                          f"emotion: {{model: mini_xception_fer2013}}\ninference: {{frame_path: {frame_path}}}\n")
     config.write_text(config.read_text().replace("detector: {input_size: [320, 192]}",
                                                  "detector: {input_size: [320, 192], interval: 3}"))
     done = run_cli("run", "--config", str(config), "--duration", "8", timeout=120)

@@ -74,6 +74,12 @@ class InferenceSettings(Protocol):
     @property
     def batch_step(self) -> int: ...
 
+    @property
+    def cudnn_max_workspace(self) -> bool: ...
+
+    @property
+    def gpu_memory_limit_mb(self) -> int: ...
+
 
 @dataclass(frozen=True)
 class ModelRuntime:
@@ -93,6 +99,8 @@ class ModelRuntime:
     batch_step: int = 2
     input_size: tuple[int, int] | None = None
     options: BaseModel | None = None
+    cudnn_max_workspace: bool = True
+    gpu_memory_limit_mb: int = 0
 
     @classmethod
     def from_config(cls, cfg: InferenceSettings, *, precision: str | None = None,
@@ -107,7 +115,8 @@ class ModelRuntime:
         size = None if input_size is None or isinstance(input_size, str) else (int(input_size[0]), int(input_size[1]))
         return cls(backend=cfg.backend, device=cfg.device, precision=precision or cfg.precision,
                    max_batch=cfg.max_batch, lanes=cfg.lanes, threads=cfg.threads, batch_step=cfg.batch_step,
-                   input_size=size, options=options if isinstance(options, BaseModel) else None)
+                   input_size=size, options=options if isinstance(options, BaseModel) else None,
+                   cudnn_max_workspace=cfg.cudnn_max_workspace, gpu_memory_limit_mb=cfg.gpu_memory_limit_mb)
 
 
 class Backend(ABC):

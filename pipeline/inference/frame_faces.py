@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.core.types import Detection, EmotionScores
+from pipeline.modelprep.frame_graphs import FACE_BOX, FACE_LANDMARKS, FACE_OUTPUTS, FACE_SCORE
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,33 @@ def kept_faces(score: np.ndarray, box: np.ndarray, landmarks: np.ndarray, frame_
     index = order[chosen]
     return KeptFaces(frame, boxes[frame, index], np.asarray(score, np.float32)[frame, index],
                      np.asarray(landmarks, np.float32)[frame, index], np.concatenate([[0], np.cumsum(per_frame)]))
+
+
+def no_face_rows() -> dict[str, np.ndarray]:
+    """The detector graph's outputs for a batch with no frame to detect on (every frame's faces are given)."""
+    shapes = {FACE_SCORE: (0, 1), FACE_BOX: (0, 1, 4), FACE_LANDMARKS: (0, 1, 5, 2)}
+    return {name: np.zeros(shapes[name], np.float32) for name in FACE_OUTPUTS}
+
+
+def given_faces(per_frame: list[list[Detection]]) -> KeptFaces:
+    """Faces known without the detector (each frame's tracked faces, detector.interval) as KeptFaces rows, as they
+    are: a box the tracker moved is not clipped (the OpenCV path crops it unclipped too)."""
+    counts = np.array([len(faces) for faces in per_frame], np.int64)
+    faces = [face for frame_faces in per_frame for face in frame_faces]
+    return KeptFaces(np.repeat(np.arange(len(per_frame), dtype=np.int64), counts),
+                     np.array([face.box for face in faces], np.float64).reshape(-1, 4),
+                     np.array([face.score for face in faces], np.float32),
+                     np.array([face.landmarks for face in faces], np.float32).reshape(-1, 5, 2),
+                     np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+
+
+def joined(first: KeptFaces, then: KeptFaces) -> KeptFaces:
+    """The faces of `first`'s frames followed by those of `then`'s, whose frames come after first's in the batch."""
+    frames = len(first.offsets) - 1
+    return KeptFaces(np.concatenate([first.frame, then.frame + frames]),
+                     np.concatenate([first.boxes, then.boxes]), np.concatenate([first.scores, then.scores]),
+                     np.concatenate([first.landmarks, then.landmarks]),
+                     np.concatenate([first.offsets, then.offsets[1:] + first.offsets[-1]]))
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -37,7 +38,14 @@ from pipeline.inference.backend import BackendError
 from pipeline.inference.batching import BatchedModel
 from pipeline.inference.classifier import normalised
 from pipeline.inference.format_gate import FormatGate
-from pipeline.inference.frame_faces import FrameResult, KeptFaces, kept_faces
+from pipeline.inference.frame_faces import (
+    FrameResult,
+    KeptFaces,
+    given_faces,
+    joined,
+    kept_faces,
+    no_face_rows,
+)
 from pipeline.inference.pending import Analysis, PendingAnalysis
 from pipeline.inference.settings import DetectorConfig, EmotionConfig, InferenceConfig
 from pipeline.modelprep.frame_graphs import (
@@ -62,20 +70,38 @@ log = logging.getLogger(__name__)
 GRAPH_FACES = 64  # faces per frame the detector graph returns at most (best scores after NMS), before max_faces
 
 
-def frame_format(image: FrameImage) -> FrameFormat:
+@dataclass(frozen=True)
+class TrackedFrame:
+    """A frame that skips the detector (detector.interval): its faces are where the camera's tracker expects them,
+    and only the classifier graph reads it."""
+
+    image: FrameImage
+    faces: list[Detection]
+
+
+def frame_image(item: FrameImage | TrackedFrame) -> FrameImage:
+    return item.image if isinstance(item, TrackedFrame) else item
+
+
+def frame_format(item: FrameImage | TrackedFrame) -> FrameFormat:
     """A frame's size and channel order: host frames are BGR (OpenCV), device frames say their own."""
+    image = frame_image(item)
     height, width = image.shape[:2]
     order = "bgr" if isinstance(image, np.ndarray) else image.order
     return FrameFormat(int(width), int(height), order)
 
 
 class FrameLane(Protocol):
-    """Runs the two graphs of one lane; detect() keeps the batch's frames for the classify() that follows."""
+    """Runs the two graphs of one lane; detect() keeps the batch's frames for the classify() that follows.
+
+    detect() takes every frame of the batch and runs the detector graph on the first `rows` only (all when None):
+    the batch's other frames are frames without detection (detector.interval), whose faces come from their cameras'
+    trackers and which only the classifier graph reads."""
 
     def prepare(self, fmt: FrameFormat) -> None: ...
 
-    def detect(self, items: Sequence[FrameImage], fmt: FrameFormat,
-               thresholds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+    def detect(self, items: Sequence[FrameImage], fmt: FrameFormat, thresholds: dict[str, np.ndarray],
+               rows: int | None = None) -> dict[str, np.ndarray]: ...
 
     def classify(self, fmt: FrameFormat, matrices: np.ndarray, frame_index: np.ndarray) -> np.ndarray: ...
 
@@ -143,13 +169,16 @@ class HostFrameLane:
             session = self._sessions[(role, fmt)] = self._session_factory(graph)
         return session
 
-    def detect(self, items: Sequence[FrameImage], fmt: FrameFormat,
-               thresholds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def detect(self, items: Sequence[FrameImage], fmt: FrameFormat, thresholds: dict[str, np.ndarray],
+               rows: int | None = None) -> dict[str, np.ndarray]:
         if not all(isinstance(item, np.ndarray) for item in items):
             raise BackendError("frame graphs on the CPU take host frames; a GPU frame needs inference.device cuda")
         self._frames = np.stack(items)  # type: ignore[arg-type]
-        values = self._session("detector", fmt).run(list(FACE_OUTPUTS), {FRAME_INPUT: self._frames, **thresholds})
-        return dict(zip(FACE_OUTPUTS, values))
+        rows = len(items) if rows is None else rows
+        if rows == 0:
+            return no_face_rows()
+        feeds = {FRAME_INPUT: self._frames[:rows], **thresholds}
+        return dict(zip(FACE_OUTPUTS, self._session("detector", fmt).run(list(FACE_OUTPUTS), feeds)))
 
     def classify(self, fmt: FrameFormat, matrices: np.ndarray, frame_index: np.ndarray) -> np.ndarray:
         if self._frames is None:
@@ -209,7 +238,7 @@ class FrameEngine:
         height, width = item_shape[:2]
         self.prepare(FrameFormat(int(width), int(height), "bgr"), lane)
 
-    def run_items(self, items: Sequence[FrameImage], lane: int = 0) -> list[FrameResult]:
+    def run_items(self, items: Sequence[FrameImage | TrackedFrame], lane: int = 0) -> list[FrameResult]:
         """Group the batch by format (usually one), run each group, and return results in the items' order."""
         groups: dict[FrameFormat, list[int]] = {}
         for index, item in enumerate(items):
@@ -220,15 +249,22 @@ class FrameEngine:
                 results[index] = result
         return results  # type: ignore[return-value]
 
-    def _run_group(self, items: list[FrameImage], fmt: FrameFormat, lane: int) -> list[FrameResult]:
-        """Both graphs on one format's frames; between and after them only array work on this (the lane's) thread."""
+    def _run_group(self, items: list[FrameImage | TrackedFrame], fmt: FrameFormat,
+                   lane: int) -> list[FrameResult]:
+        """Both graphs on one format's frames (frames to detect on first, then frames whose faces are given); between
+        and after them only array work on this (the lane's) thread. Results come back in the items' order."""
         runner = self._lanes[lane]
         self.prepare(fmt, lane)
+        order = sorted(range(len(items)), key=lambda i: isinstance(items[i], TrackedFrame))  # stable
+        ordered = [items[i] for i in order]
+        tracked = [item for item in ordered if isinstance(item, TrackedFrame)]
+        rows = len(ordered) - len(tracked)
         t0 = time.monotonic()
-        outputs = runner.detect(items, fmt, self._thresholds)
+        outputs = runner.detect([frame_image(item) for item in ordered], fmt, self._thresholds, rows)
         t1 = time.monotonic()
-        kept = kept_faces(outputs[FACE_SCORE], outputs[FACE_BOX], outputs[FACE_LANDMARKS], (fmt.width, fmt.height),
-                          self._detector.min_face_px, self._detector.max_faces)
+        detected = kept_faces(outputs[FACE_SCORE], outputs[FACE_BOX], outputs[FACE_LANDMARKS],
+                              (fmt.width, fmt.height), self._detector.min_face_px, self._detector.max_faces)
+        kept = joined(detected, given_faces([item.faces for item in tracked]))
         matrices, frame_index = self._crop_matrices(kept)
         count = len(matrices)
         if self._emotion.flip and count:  # each face's mirror image in the same run (emotion.flip)
@@ -237,10 +273,15 @@ class FrameEngine:
         t2 = time.monotonic()
         probs = runner.classify(fmt, matrices, frame_index) if count else np.zeros((0, len(self._order)))
         t3 = time.monotonic()
-        timings = {"detect": (t1 - t0) * 1e3, "crop": (t2 - t1) * 1e3, "emotion": (t3 - t2) * 1e3}
         emotions = normalised(probs, self._order, pairs=self._emotion.flip and count > 0)
-        return [FrameResult(kept.boxes[rows], kept.scores[rows], kept.landmarks[rows], emotions[rows], timings)
-                for rows in map(kept.rows, range(len(items)))]
+        results: list[FrameResult | None] = [None] * len(items)
+        for position, index in enumerate(order):
+            rows_of = kept.rows(position)
+            detect_ms = (t1 - t0) * 1e3 if position < rows else 0.0
+            timings = {"detect": detect_ms, "crop": (t2 - t1) * 1e3, "emotion": (t3 - t2) * 1e3}
+            results[index] = FrameResult(kept.boxes[rows_of], kept.scores[rows_of], kept.landmarks[rows_of],
+                                         emotions[rows_of], timings)
+        return results  # type: ignore[return-value]
 
     def _crop_matrices(self, kept: KeptFaces) -> tuple[np.ndarray, np.ndarray]:
         """Per face: the inverse affine (output pixel → frame pixel) of its crop, and the frame it comes from;
@@ -267,11 +308,11 @@ class FramePerception:
     emotions; one shared BatchedModel batches frames across cameras."""
 
     def __init__(self, model: BatchedModel, engine: FrameEngine, result_timeout_s: float = 10.0,
-                 frames_in_flight: int = 1) -> None:
+                 frames_in_flight: int = 1, interval: int = 1) -> None:
         self.model = model
         self.engine = engine
         self.frames_in_flight = frames_in_flight  # per camera (inference.frames_in_flight, resolved)
-        self.interval = 1  # every frame through the detector graph: its classifier graph takes no given faces yet
+        self.interval = interval  # detector.interval: frames between detections carry their tracked faces
         self._timeout = result_timeout_s
         self._formats = FormatGate(lambda fmt: self.model.on_lanes(lambda lane: self.engine.prepare(fmt, lane)))
 
@@ -299,7 +340,15 @@ class FramePerception:
     def begin(self, image: FrameImage) -> PendingAnalysis:
         """Hand the frame to the batcher and return at once: QueueFullError when its queue is full, NotReadyError
         while its frame size is being prepared (started by the first frame of that size)."""
-        self._formats.admit(frame_format(image))
+        return self._submit(image)
+
+    def begin_tracked(self, image: FrameImage, faces: list[Detection]) -> PendingAnalysis:
+        """A frame without detection (detector.interval): batched with the other cameras' frames like any frame, but
+        the detector graph skips it and the classifier graph reads `faces` (the tracker's) in it."""
+        return self._submit(TrackedFrame(image, faces))
+
+    def _submit(self, item: FrameImage | TrackedFrame) -> PendingAnalysis:
+        self._formats.admit(frame_format(item))
         started = time.monotonic()
 
         def finish(result: FrameResult) -> Analysis:  # on the camera's thread
@@ -307,13 +356,7 @@ class FramePerception:
             timings = dict(result.timings)
             timings["queue"] = max(0.0, total - sum(timings.values()))
             return result.detections(), result.emotions(), timings
-        return PendingAnalysis(self.model.submit(image), finish, self._timeout)
-
-    def begin_tracked(self, image: FrameImage, faces: list[Detection]) -> PendingAnalysis:
-        """Not on this path: `interval` is 1 here, so a camera worker never asks (load_frame_perception says so when
-        detector.interval asks for more)."""
-        raise BackendError("the frame graphs path runs the detector on every frame (detector.interval 1); "
-                           "set inference.frame_path: opencv for an interval")
+        return PendingAnalysis(self.model.submit(item), finish, self._timeout)
 
     def close(self) -> None:
         self.model.close()
@@ -335,7 +378,8 @@ def load_frame_perception(detector_path: Path, classifier_path: Path, detector: 
     threads = inference.threads
     lanes: list[FrameLane] = []
     if inference.device == "cuda":
-        lanes = _cuda_lanes(ort, graphs, inference, detector, threads or 1, share_cuda_arena(ort), emotion.flip)
+        shared = share_cuda_arena(ort, limit_mb=inference.gpu_memory_limit_mb)
+        lanes = _cuda_lanes(ort, graphs, inference, detector, threads or 1, shared, emotion.flip)
     else:
         def cpu_session(graph: bytes) -> Any:
             return make_session(ort, graph, "frame graph", threads, ["CPUExecutionProvider"])
@@ -343,19 +387,17 @@ def load_frame_perception(detector_path: Path, classifier_path: Path, detector: 
     describe = {"backend": "onnxruntime", "device": inference.device, "precision": precision,
                 "frame_path": "graph", "lanes": str(len(lanes)),
                 "files": f"{detector_path.name}, {classifier_path.name}"}
-    if detector.interval > 1:
-        log.warning("detector.interval %d: the frame graphs path runs the detector on every frame for now "
-                    "(inference.frame_path: opencv applies the interval)", detector.interval)
     engine = FrameEngine(lanes, detector, emotion, classifier, inference.max_batch, describe)
     model = BatchedModel(engine, "frames", inference.max_batch, inference.max_delay_ms, inference.queue_size)
-    return FramePerception(model, engine, frames_in_flight=inference.frames_in_flight_for(graph=True))
+    return FramePerception(model, engine, frames_in_flight=inference.frames_in_flight_for(graph=True),
+                           interval=detector.interval)
 
 
 def _cuda_lanes(ort: Any, graphs: FrameGraphs, inference: InferenceConfig, detector: DetectorConfig, threads: int,
                 shared_arena: bool, flip: bool) -> list[FrameLane]:
     from pipeline.inference.gpu.cuda import load_runtime
     from pipeline.inference.gpu.frame_lane import CudaFrameLane
-    from pipeline.inference.onnxruntime import make_session
+    from pipeline.inference.onnxruntime import cuda_provider_options, make_session
 
     load_runtime()
     if "CUDAExecutionProvider" not in ort.get_available_providers():
@@ -363,7 +405,7 @@ def _cuda_lanes(ort: Any, graphs: FrameGraphs, inference: InferenceConfig, detec
                            f"({ort.__version__}) lacks; pip install -r requirements-gpu.txt")
 
     def cuda_session(graph: bytes, stream: int) -> Any:
-        options = {"user_compute_stream": str(stream), "cudnn_conv_algo_search": "HEURISTIC"}
+        options = cuda_provider_options(stream, inference.cudnn_max_workspace)
         return make_session(ort, graph, "frame graph", threads, [("CUDAExecutionProvider", options)], shared_arena)
 
     lanes: list[FrameLane] = []

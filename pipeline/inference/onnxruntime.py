@@ -101,10 +101,10 @@ class OnnxRuntimeBackend(Backend):
         # The CUDA provider barely uses CPU threads; the library default is one per core for every session
         # (16 on the H200 machine), times lanes and padded sizes.
         threads = spec.threads or 1
-        shared_arena = share_cuda_arena(ort)
+        shared_arena = share_cuda_arena(ort, limit_mb=spec.gpu_memory_limit_mb)
 
         def cuda_session(stream: int) -> Any:
-            options = {"user_compute_stream": str(stream), "cudnn_conv_algo_search": "HEURISTIC"}
+            options = cuda_provider_options(stream, spec.cudnn_max_workspace)
             return _session(ort, threads, model, model_path, [("CUDAExecutionProvider", options)], shared_arena)
 
         lanes: list[CudaLane] = []
@@ -160,24 +160,32 @@ def import_ort() -> Any:
 _SHARED_ARENAS: set[int] = set()  # CUDA devices whose arena is registered in ONNX Runtime's environment
 
 
-def share_cuda_arena(ort: Any, device_id: int = 0) -> bool:
+def share_cuda_arena(ort: Any, device_id: int = 0, limit_mb: int = 0) -> bool:
     """Register one CUDA memory arena in ONNX Runtime's process-wide environment, for every CUDA session to share.
 
     Each lane keeps a session per padded batch size (see cuda_lane.py), and each session's own arena holds the
     activations of its largest run for good. Measured on the H200 (BENCHMARKS.md, ort_cuda_probe): each extra
     detector session took ~400 MB with its own arena, ~150 MB with the shared one. Where this ONNX Runtime cannot
-    share (an old build), sessions keep their own arenas: more memory, same results."""
+    share (an old build), sessions keep their own arenas: more memory, same results. `limit_mb`
+    (inference.gpu_memory_limit_mb) caps it; the first call in a process decides."""
     if device_id in _SHARED_ARENAS:
         return True
     try:
         memory = ort.OrtMemoryInfo("Cuda", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, device_id, ort.OrtMemType.DEFAULT)
-        arena = ort.OrtArenaCfg(0, 1, -1, -1)  # no cap, grow by what is asked (kSameAsRequested), default chunks
+        arena = ort.OrtArenaCfg(limit_mb * 2**20, 1, -1, -1)  # cap (0: none), grow by what is asked (kSameAsRequested)
         ort.create_and_register_allocator_v2("CUDAExecutionProvider", memory, {"device_id": str(device_id)}, arena)
     except Exception as exc:  # noqa: BLE001 - pybind raises RuntimeError, TypeError or its own Fail types
         log.warning("cannot share one CUDA memory arena between sessions (%s); each keeps its own", exc)
         return False
     _SHARED_ARENAS.add(device_id)
     return True
+
+
+def cuda_provider_options(stream: int, cudnn_max_workspace: bool) -> dict[str, str]:
+    """The CUDA provider's options for a session on `stream` (inference.cudnn_max_workspace says how much scratch
+    memory cuDNN's convolutions may take)."""
+    return {"user_compute_stream": str(stream), "cudnn_conv_algo_search": "HEURISTIC",
+            "cudnn_conv_use_max_workspace": "1" if cudnn_max_workspace else "0"}
 
 
 def _session(ort: Any, threads: int, model: ModelManifest, model_path: Path,

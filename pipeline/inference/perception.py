@@ -55,7 +55,7 @@ class Analyzer(Protocol):
     once (analyze) or begun now and collected later (begin), up to `frames_in_flight` frames per camera."""
 
     frames_in_flight: int
-    interval: int  # the detector runs on every Nth frame of a camera (detector.interval); 1 on the frame graphs path
+    interval: int  # the detector runs on every Nth frame of a camera (detector.interval), on both frame paths
 
     def analyze(self, image: FrameImage) -> Analysis: ...
 

@@ -55,8 +55,8 @@ class DetectorConfig(StrictModel):
                           "frame). The frames between take each tracked face where its track's motion puts it and "
                           "still read its emotion; a face that appears waits for the next detection. Cameras "
                           "detect on different frames (staggered by name). Keep interval / fps well under "
-                          "tracking.max_age_s, or tracks end between detections. frame_path opencv only for now: "
-                          "the frame graphs path detects every frame.")
+                          "tracking.max_age_s, or tracks end between detections. Both frame paths; "
+                          "BENCHMARKS.md 'Detecting every Nth frame' says what it saves and costs.")
 
     @field_validator("input_size", mode="before")
     @classmethod
@@ -228,6 +228,14 @@ class InferenceConfig(StrictModel):
                            "(4.1 GB of GPU memory per 16-camera group on an H200). 1 = everything in the daemon's "
                            "process.")
     threads: int = Field(0, ge=0, le=256, description="CPU threads per session; 0 = the library default.")
+    cudnn_max_workspace: bool = Field(True, description="device cuda: let cuDNN choose convolution algorithms "
+                                      "that need the largest scratch memory (ONNX Runtime's "
+                                      "cudnn_conv_use_max_workspace, its default). false: less GPU memory per "
+                                      "session, possibly slower convolutions (bench memory measures both).")
+    gpu_memory_limit_mb: int = Field(0, ge=0, le=1_048_576, description="device cuda: the most memory ONNX "
+                                     "Runtime's shared CUDA arena (every session of the process) may hold, in MB; "
+                                     "0 = no cap. A run that needs more fails its batch (logged) instead of "
+                                     "taking more: size it with bench memory, with headroom.")
     queue_size: int = Field(256, ge=1, le=100_000, description="Requests that may wait for inference, per model. "
                                                                "When the queue is full a new request is refused "
                                                                "at once and the camera skips that frame (counted "

@@ -123,10 +123,10 @@ def limit_opencv_threads(cfg: AppConfig) -> None:
 
 
 def new_tracker(cfg: AppConfig) -> IouTracker:
-    """A camera's tracker; it follows faces between detections when the detector skips frames (detector.interval
-    on the OpenCV frame path: the frame graphs path detects every frame)."""
+    """A camera's tracker; it follows faces between detections when the detector skips frames (detector.interval,
+    on both frame paths; by their look too where the frames are on the host)."""
     t = cfg.tracking
-    follow = cfg.detector.interval > 1 and not cfg.inference.graph_frames
+    follow = cfg.detector.interval > 1
     return IouTracker(t.iou_threshold, t.max_age_s, t.smoothing_half_life_ms, follow=follow)
 
 

@@ -7,6 +7,7 @@ Modes:
   pipeline — N cameras in real time, batched vs naive design, same run (bench_pipeline.py).
   soak     — the daemon's resident memory over a long run with periodic camera reconnects (bench_soak.py).
   interval — detecting every Nth frame against every frame: box IoU, emotion agreement, CPU (bench_interval.py).
+  memory   — where one camera group's GPU and host memory go, step by step (bench_memory.py).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ EXAMPLES = {
     "interval": """examples:
   run_pipeline.py bench interval --video ../shared/data/video/woman2.mp4 --video ../shared/data/video/group_1080p.mp4
   run_pipeline.py bench interval --video clip.mp4 --interval 5 --json interval.json""",
+    "memory": """examples:
+  run_pipeline.py bench memory --video group_1080p.mp4 --cameras 8 --device cuda --precision fp16 --decode gpu
+  run_pipeline.py bench memory --video clip.mp4 --cameras 32 --device cuda --set inference.cudnn_max_workspace=false""",
     "soak": """examples:
   run_pipeline.py bench soak --rtsp-server ../shared/data/video/group_1080p.mp4 --json soak.json   # 40 min, 4 cameras
   run_pipeline.py bench soak --rtsp-server clip.mp4 --duration-min 4 --reconnect-every-s 20 --warmup-min 1""",
@@ -105,7 +109,12 @@ def add_bench_args(parser: argparse.ArgumentParser, parents: list[argparse.Argum
 
     add_interval_args(mode_parser("interval", "the detector on every Nth frame, faces followed between: box IoU and "
                                               "emotion agreement against every frame, and CPU, in one run"))
-    for action in modes.choices["interval"]._actions:
+    memory = mode_parser("memory", "where one camera group's GPU and host memory go: readings after each step of "
+                                   "its start, then while it analyses")
+    add_pipeline_args(memory)
+    memory.add_argument("--settle-s", type=float, default=5.0,
+                        help="seconds the cameras decode before the reading 'cameras decoding' (default 5)")
+    for action in [*modes.choices["interval"]._actions, *memory._actions]:
         if action.help is None and action.dest in COMMON_HELP:
             action.metavar, action.help = COMMON_HELP[action.dest]
 
@@ -232,9 +241,11 @@ def run_bench(args: argparse.Namespace) -> int:
     from pipeline.tools.bench_engine import bench_engine, print_engine_table
     from pipeline.tools.bench_pipeline import bench_pipeline, print_pipeline_table
     from pipeline.tools.bench_interval import bench_interval, print_interval_table
+    from pipeline.tools.bench_memory import bench_memory, print_memory_table
     from pipeline.tools.bench_soak import bench_soak, print_soak_table
 
-    modes = {"interval": (bench_interval, print_interval_table),"analyze": (bench_analyze, print_analyze_table), "capture": (bench_capture, print_capture_table),
+    modes = {"interval": (bench_interval, print_interval_table), "memory": (bench_memory, print_memory_table),
+             "analyze": (bench_analyze, print_analyze_table), "capture": (bench_capture, print_capture_table),
              "engine": (bench_engine, print_engine_table), "pipeline": (bench_pipeline, print_pipeline_table),
              "soak": (bench_soak, print_soak_table)}
     measure, show = modes[args.bench_mode]

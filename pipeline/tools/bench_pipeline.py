@@ -19,6 +19,7 @@ from typing import Any
 
 import cv2
 import numpy as np
+import yaml
 
 from pipeline.capture.nvdec import nvdec_problem
 from pipeline.capture.sources import open_source
@@ -86,10 +87,18 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
                         help="nice increment for capture and decoding (camera key nice)")
     parser.add_argument("--switch-interval-ms", type=float, default=None,
                         help="Python's GIL switch interval for this run (default 5 ms), to measure GIL contention")
+    parser.add_argument("--interval", default=None, metavar="N[,N...]",
+                        help="detector.interval: detect every Nth frame (default: the config's); a list (1,3) runs "
+                             "each in turn and reports the CPU per analysed frame of each against the first")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides",
+                        help="override one config key for this run (value read as YAML), e.g. "
+                             "--set inference.cudnn_max_workspace=false; repeatable")
+    parser.add_argument("--repeat", type=int, default=1, metavar="R",
+                        help="run the whole list of intervals (and modes) R times, alternating (default 1)")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the results here")
 
 
-def _config(args: argparse.Namespace, naive: bool) -> AppConfig:
+def _config(args: argparse.Namespace, naive: bool, interval: int | None = None) -> AppConfig:
     base = load_config(args.config)
     cameras = [CameraConfig(name=f"cam{i}", source=str(args.video), loop=True, fps=args.fps,
                             decode_threads=args.decode_threads, nice=args.capture_nice, decode=args.decode)
@@ -103,8 +112,26 @@ def _config(args: argparse.Namespace, naive: bool) -> AppConfig:
         "backend": args.backend or base.inference.backend,
         "triton": base.inference.triton.model_copy(update={"url": args.triton_url or base.inference.triton.url})})
     detector = type(base.detector).model_validate(base.detector.model_dump() | {
-        "input_size": _detector_input(args.detector_input)})
-    return base.model_copy(update={"cameras": cameras, "inference": inference, "detector": detector})
+        "input_size": _detector_input(args.detector_input), "interval": interval or base.detector.interval})
+    cfg = base.model_copy(update={"cameras": cameras, "inference": inference, "detector": detector})
+    return with_overrides(cfg, args.overrides) if getattr(args, "overrides", None) else cfg
+
+
+def with_overrides(cfg: AppConfig, overrides: list[str]) -> AppConfig:
+    """`cfg` with each SECTION.KEY=VALUE applied (the value read as YAML) and the whole validated again."""
+    data = cfg.model_dump()
+    for text in overrides:
+        path, sep, value = text.partition("=")
+        keys = [key.strip() for key in path.split(".") if key.strip()]
+        if not sep or not keys:
+            raise ValueError(f"--set {text!r}: write SECTION.KEY=VALUE, e.g. inference.max_batch=32")
+        node = data
+        for key in keys[:-1]:
+            if not isinstance(node.get(key), dict):
+                raise ValueError(f"--set {text!r}: {key!r} is not a section of the configuration")
+            node = node[key]
+        node[keys[-1]] = yaml.safe_load(value)
+    return type(cfg).model_validate(data)
 
 
 def _detector_input(text: str) -> tuple[int, int] | str:
@@ -180,8 +207,8 @@ class _TritonWindow:
         return out
 
 
-def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
-    cfg = _config(args, naive)
+def run_mode(args: argparse.Namespace, naive: bool, interval: int | None = None) -> dict[str, Any]:
+    cfg = _config(args, naive, interval)
     if cfg.inference.processes > 1:
         return _run_grouped(args, cfg)
     triton = _TritonWindow(cfg)
@@ -229,7 +256,7 @@ def run_mode(args: argparse.Namespace, naive: bool) -> dict[str, Any]:
                                       "frames_in_flight": _in_flight(workers),
                                       "decoder": _decoder_kind(captures), "gpu_utilisation": utilisation,
                                       "capture_nice": args.capture_nice, "backend": cfg.inference.backend,
-                                      "triton": triton_window}
+                                      "triton": triton_window, "interval": cfg.detector.interval}
 
 
 def _run_grouped(args: argparse.Namespace, cfg: AppConfig) -> dict[str, Any]:
@@ -239,7 +266,8 @@ def _run_grouped(args: argparse.Namespace, cfg: AppConfig) -> dict[str, Any]:
     usage0, usage1 = measured["usage"]
     return _summary(args, False, measured["wall"], measured["frames_in"], measured["analysed"], recorder, usage0,
                     usage1, measured["rss_mb"], measured["peak_mb"], measured["gpu_mb"], measured["batching"]) | {
-        "detector_input_used": _input_used(cfg, args.video), "backend": cfg.inference.backend, **measured["extra"]}
+        "detector_input_used": _input_used(cfg, args.video), "backend": cfg.inference.backend,
+        "interval": cfg.detector.interval, **measured["extra"]}
 
 
 def _in_flight(workers: list[CameraWorker]) -> dict[str, int]:
@@ -298,13 +326,43 @@ def bench_pipeline(args: argparse.Namespace) -> dict[str, Any]:
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1000.0)
     modes = ["batched", "naive"] if args.mode == "both" else [args.mode]
-    results = [run_mode(args, naive=(mode == "naive")) for mode in modes]
+    intervals = _intervals(args.interval)
+    results = [run_mode(args, naive=(mode == "naive"), interval=interval)
+               for _ in range(max(1, args.repeat)) for interval in intervals for mode in modes]
     out: dict[str, Any] = {"mode": "pipeline", "video": str(args.video), "device": args.device,
                            "switch_interval_ms": sys.getswitchinterval() * 1000,
                            "precision": args.precision, "detector_input": args.detector_input, "results": results}
-    if len(results) == 2 and results[1]["analysed_per_s"]:
+    if len(results) == 2 and len(modes) == 2 and results[1]["analysed_per_s"]:
         out["ratio_analysed_batched_over_naive"] = round(results[0]["analysed_per_s"] / results[1]["analysed_per_s"], 2)
+    if len(intervals) > 1:
+        out["cpu_per_frame_vs_first_interval"] = interval_cpu_ratios(results, modes)
     return out
+
+
+def _intervals(text: str | None) -> list[int | None]:
+    """--interval: None (the config's) or each listed N."""
+    if text is None:
+        return [None]
+    values = [int(part) for part in text.split(",") if part.strip()]
+    if not values or min(values) < 1:
+        raise ValueError(f"--interval {text!r}: give whole numbers of 1 or more, e.g. 1,3")
+    return list(values)
+
+
+def interval_cpu_ratios(results: list[dict[str, Any]], modes: list[str]) -> dict[str, dict[str, float]]:
+    """Per mode: each interval's CPU per analysed frame (all its runs together) divided by the first interval's,
+    so runs that analysed different numbers of frames still compare."""
+    ratios: dict[str, dict[str, float]] = {}
+    for mode in modes:
+        per: dict[int, list[float]] = {}
+        for row in (r for r in results if r["mode"] == mode):
+            totals = per.setdefault(row["interval"], [0.0, 0.0])
+            totals[0] += row["cpu_percent"]
+            totals[1] += row["analysed_per_s"]
+        cost = {interval: cpu / max(frames, 1e-9) for interval, (cpu, frames) in per.items()}
+        first = next(iter(cost.values()))
+        ratios[mode] = {str(interval): round(value / max(first, 1e-12), 3) for interval, value in cost.items()}
+    return ratios
 
 
 def print_pipeline_table(result: dict[str, Any]) -> None:
@@ -312,14 +370,14 @@ def print_pipeline_table(result: dict[str, Any]) -> None:
     used = result["results"][0].get("detector_input_used", "") if result["results"] else ""
     print(f"{result['video']} on {result['device']} {result['precision']}, detector {result['detector_input']}"
           f"{f' ({used})' if used and used != result['detector_input'] else ''}, decoded by {decoders}")
-    print(f"{'mode':8} {'path':6} {'cams':>4} {'fps/cam':>8} {'skip%':>6} {'p50':>7} {'p95':>7} {'p99':>7} "
+    print(f"{'mode':8} {'path':6} {'N':>2} {'cams':>4} {'fps/cam':>8} {'skip%':>6} {'p50':>7} {'p95':>7} {'p99':>7} "
           f"{'CPU%':>6} {'RSS MB':>7} {'GPU MB':>7}  mean batch")
     for r in result["results"]:
         lat = r["latency_ms"]
         batches = ", ".join(f"{role} {b['mean_batch']}" for role, b in r["batching"].items())
         if r.get("frames_in_flight"):
             batches += f"; frames in flight per camera: up to {r['frames_in_flight']['allowed']}"
-        print(f"{r['mode']:8} {r.get('frame_path', 'opencv'):6} {r['cameras']:>4} {r['fps_analysed_per_camera']:>8} "
+        print(f"{r['mode']:8} {r.get('frame_path', 'opencv'):6} {r.get('interval', 1):>2} {r['cameras']:>4} {r['fps_analysed_per_camera']:>8} "
               f"{r['skipped_pct_of_wanted']:>6} {lat['p50']:>7} {lat['p95']:>7} {lat['p99']:>7} {r['cpu_percent']:>6} "
               f"{r['peak_rss_mb']:>7} {r['gpu_mb'] if r['gpu_mb'] is not None else '-':>7}  {batches}")
     for r in result["results"]:
@@ -332,5 +390,8 @@ def print_pipeline_table(result: dict[str, Any]) -> None:
             print(f"{r['mode']}: Triton {model} (all its clients): {t['items']} items in {t['requests']} requests "
                   f"in {t['executions']} executions ({t['items_per_execution']} items, "
                   f"{t['requests_per_execution']} requests per execution)")
+    for mode, ratios in result.get("cpu_per_frame_vs_first_interval", {}).items():
+        print(f"{mode}: CPU per analysed frame against interval {next(iter(ratios))}: "
+              + ", ".join(f"interval {n}: {ratio}x" for n, ratio in ratios.items()))
     if "ratio_analysed_batched_over_naive" in result:
         print(f"batched / naive analysed frames per second: {result['ratio_analysed_batched_over_naive']}x")

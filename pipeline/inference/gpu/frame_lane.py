@@ -27,6 +27,7 @@ import numpy as np
 from pipeline.core.types import FrameImage
 from pipeline.inference.backend import BackendError
 from pipeline.inference.gpu.cuda import DeviceBuffer, Stream
+from pipeline.inference.frame_faces import no_face_rows
 from pipeline.inference.gpu.cuda_lane import padded_size
 from pipeline.modelprep.frame_graphs import (
     FACE_OUTPUTS,
@@ -116,15 +117,18 @@ class CudaFrameLane:
         log.info("%s: %dx%d %s ready (%d + %d sessions)", self.what, fmt.width, fmt.height, fmt.order,
                  len(state.detect), len(state.classify))
 
-    def detect(self, items: Sequence[FrameImage], fmt: FrameFormat,
-               thresholds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        count = len(items)
-        if count > self._max_batch:
-            raise BackendError(f"{self.what}: {count} frames exceed max_batch {self._max_batch}")
+    def detect(self, items: Sequence[FrameImage], fmt: FrameFormat, thresholds: dict[str, np.ndarray],
+               rows: int | None = None) -> dict[str, np.ndarray]:
+        """Every frame into the batch buffer; the detector graph on the first `rows` (all when None)."""
+        if len(items) > self._max_batch:
+            raise BackendError(f"{self.what}: {len(items)} frames exceed max_batch {self._max_batch}")
+        count = len(items) if rows is None else rows
         with self._lock:
             stream = self._live_stream()
             state = self._state(fmt)
             self._stage(stream, state, items)
+            if count == 0:  # frames without detection only: the copies stay queued before classify's run
+                return no_face_rows()
             bucket = padded_size(count, self._step, self._max_batch)
             session, binding = self._detect_session(fmt, state, bucket)
             binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [bucket, fmt.height, fmt.width, 3], state.frames.ptr)

@@ -1,0 +1,156 @@
+"""`bench memory`: where one camera group's memory goes, step by step (issue 25 item 3).
+
+One process does, in order, what a camera group does when it starts, and after each step reads the GPU memory in use
+(the whole device, as CUDA reports it: run it on an otherwise idle GPU) and its own resident host memory:
+
+  1. start            — Python, numpy, OpenCV and the project imported;
+  2. CUDA context     — the runtime initialised on the device (what every process pays once);
+  3. models loaded    — ONNX Runtime and its CUDA libraries, the models read (sessions of the OpenCV path made);
+  4. frames prepared  — the frame graphs' sessions of every padded batch size built and run once (frame graphs path);
+  5. cameras decoding — every camera's decoder open and its frame pool filled, nothing analysed yet;
+  6. analysing        — the cameras analysed for `--duration` seconds (the peak over that time is reported).
+
+The deltas are the breakdown: context, model sessions with their arena, decoder surfaces with the frame pools, and
+what analysis adds on top (the arena grown to the largest batches). The project's own CUDA buffers (frame pools,
+lane batch buffers, pinned staging) are counted by pipeline.inference.gpu.cuda's ledger and reported apart.
+Options are bench pipeline's (cameras, video, fps, batch sizes, interval, ...), so one change can be measured per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import threading
+import time
+from typing import Any
+
+from pipeline.capture.sources import open_source
+from pipeline.capture.thread import CaptureThread
+from pipeline.inference.frames import FramePerception
+from pipeline.inference.perception import load_perception
+from pipeline.service.parts import limit_opencv_threads, new_tracker
+from pipeline.service.worker import CameraWorker
+from pipeline.tools.bench_groups import rss_mb_of
+from pipeline.tools.bench_pipeline import _config, _decoder_kind, _intervals, _video_format
+
+SAMPLE_S = 0.5
+
+
+def device_used_mb() -> float | None:
+    """GPU memory in use on device 0 (every process), from nvidia-smi; None without an NVIDIA GPU."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--id=0", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10, check=False).stdout.strip()
+        return float(out.splitlines()[0]) if out else None
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+class Steps:
+    """The readings after each step, and their differences."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def mark(self, step: str, gpu_mb: float | None = None, note: str = "") -> None:
+        gpu = device_used_mb() if gpu_mb is None else gpu_mb
+        rss, _ = rss_mb_of([])
+        last = self.rows[-1] if self.rows else None
+        self.rows.append({
+            "step": step, "gpu_mb": gpu, "rss_mb": round(rss, 1), "note": note,
+            "gpu_delta_mb": None if gpu is None or last is None or last["gpu_mb"] is None else gpu - last["gpu_mb"],
+            "rss_delta_mb": None if last is None else round(rss - last["rss_mb"], 1)})
+
+
+def _ledger() -> dict[str, int]:
+    try:
+        from pipeline.inference.gpu.cuda import live_allocations
+    except ImportError:
+        return {}
+    return live_allocations()
+
+
+def _cuda_context(device: str) -> str:
+    if device != "cuda":
+        return "cpu: no CUDA context"
+    from pipeline.inference.gpu.cuda import CudaDevice, check, load_runtime
+
+    opened = CudaDevice.open(0)
+    check(load_runtime().cudaFree(0), "cudaFree(0) (create the context)")
+    return opened.name
+
+
+def _peak_while(seconds: float) -> float | None:
+    """The most GPU memory in use seen over `seconds`."""
+    peak: float | None = None
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        used = device_used_mb()
+        if used is not None:
+            peak = used if peak is None else max(peak, used)
+        time.sleep(SAMPLE_S)
+    return peak
+
+
+def bench_memory(args: argparse.Namespace) -> dict[str, Any]:
+    interval = _intervals(args.interval)[0]
+    cfg = _config(args, naive=False, interval=interval)
+    steps = Steps()
+    steps.mark("start")
+    steps.mark("CUDA context", note=_cuda_context(cfg.inference.device))
+    perception = load_perception(cfg)
+    steps.mark("models loaded", note=cfg.emotion.model)
+    device_frames = cfg.inference.graph_frames and cfg.inference.device == "cuda"
+    fmt = _video_format(args.video, device_frames and cfg.cameras[0].decode != "cpu")
+    if isinstance(perception, FramePerception) and fmt is not None:
+        perception.prepare(fmt)
+        steps.mark("frames prepared", note=f"{fmt.width}x{fmt.height} {fmt.order}")
+    else:
+        perception.warm_up()
+        steps.mark("models warmed")
+    stop = threading.Event()
+    limit_opencv_threads(cfg)
+    gpu_active = cfg.inference.device != "cpu"
+    captures = [CaptureThread(cam, stop, lambda _e: None,
+                              lambda c: open_source(c, gpu_active=gpu_active, device_frames=device_frames))
+                for cam in cfg.cameras]
+    workers = [CameraWorker(capture, perception, new_tracker(cfg), lambda _obs: None, stop)  # type: ignore[arg-type]
+               for capture in captures]
+    try:
+        for capture in captures:
+            capture.start()
+        time.sleep(args.settle_s)
+        steps.mark("cameras decoding", note=f"{len(captures)} cameras, decoded by {_decoder_kind(captures)}")
+        for worker in workers:
+            worker.start()
+        peak = _peak_while(args.duration)
+        analysed = sum(worker.stats.analysed.total for worker in workers)
+        steps.mark("analysing (peak)", gpu_mb=peak, note=f"{analysed} frames analysed in {args.duration:.0f} s")
+        ledger = _ledger()
+    finally:
+        stop.set()
+        for thread in [*captures, *workers]:
+            thread.join(5)
+        perception.close()
+    return {"mode": "memory", "video": str(args.video), "cameras": args.cameras, "device": cfg.inference.device,
+            "frame_path": "graph" if cfg.inference.graph_frames else "opencv", "max_batch": cfg.inference.max_batch,
+            "batch_step": cfg.inference.batch_step, "interval": cfg.detector.interval,
+            "emotion_model": cfg.emotion.model, "precision": cfg.inference.precision,
+            "cudnn_max_workspace": cfg.inference.cudnn_max_workspace, "steps": steps.rows,
+            "project_buffers": {key: (round(value / 2**20, 1) if key.endswith("bytes") else value)
+                                for key, value in ledger.items()}}
+
+
+def print_memory_table(result: dict[str, Any]) -> None:
+    print(f"{result['cameras']} cameras of {result['video']} on {result['device']} ({result['frame_path']} path, "
+          f"max_batch {result['max_batch']}, batch_step {result['batch_step']}, interval {result['interval']}, "
+          f"{result['emotion_model']} {result['precision']}, cudnn_max_workspace {result['cudnn_max_workspace']})")
+    print(f"{'step':18} {'GPU MB':>8} {'+GPU':>8} {'RSS MB':>8} {'+RSS':>8}  note")
+    for row in result["steps"]:
+        gpu = "-" if row["gpu_mb"] is None else f"{row['gpu_mb']:.0f}"
+        gpu_delta = "" if row["gpu_delta_mb"] is None else f"{row['gpu_delta_mb']:+.0f}"
+        rss_delta = "" if row["rss_delta_mb"] is None else f"{row['rss_delta_mb']:+.0f}"
+        print(f"{row['step']:18} {gpu:>8} {gpu_delta:>8} {row['rss_mb']:>8.0f} {rss_delta:>8}  {row['note']}")
+    if result["project_buffers"]:
+        print("the project's own CUDA buffers (MB, count): " + ", ".join(
+            f"{key} {value}" for key, value in result["project_buffers"].items()))
