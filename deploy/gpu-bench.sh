@@ -160,7 +160,9 @@ case "${1:-check}" in
         minix) opts="--cameras 32 --max-batch 64 --batch-step 2 --set emotion.model=mini_xception_fer2013" ;;
         interval3) opts="--cameras 32 --max-batch 64 --batch-step 2 --interval 3" ;;
         cams8) opts="--cameras 8 --max-batch 16 --batch-step 2" ;;
-        lean) opts="--cameras 32 --max-batch 64 --batch-step 4 --set inference.cudnn_max_workspace=false" ;;
+        mb32) opts="--cameras 32 --max-batch 32 --batch-step 2" ;;
+        faces2048) opts="--cameras 32 --max-batch 64 --batch-step 2 --set inference.max_faces_per_run=2048" ;;
+        cams8student) opts="--cameras 8 --max-batch 16 --batch-step 2 --set emotion.model=dlibface_student64" ;;
         *) echo "unknown variant $variant"; continue ;;
       esac
       echo "== memory $variant: $opts"

@@ -177,6 +177,34 @@ def test_a_batch_of_tracked_frames_only(graph_perception: FramePerception) -> No
     assert graph_perception.begin_tracked(frame, []).result()[:2] == ([], [])
 
 
+def test_faces_beyond_one_run_are_read_in_parts(graph_perception: FramePerception, prepared_models: None,
+                                                app_config: Any) -> None:
+    """inference.max_faces_per_run caps the crops of one classifier run (on cuda the largest run sizes the memory
+    arena): a batch with more faces runs in parts and reads the same probabilities."""
+    frames = _frames(data_path("video", "group_1080p.mp4"), 3, 17)
+    config = _graph_config(app_config)
+    small = load_perception(config.model_copy(update={"inference": config.inference.model_copy(
+        update={"max_faces_per_run": 3})}))
+    lane = small.engine._lanes[0]  # type: ignore[attr-defined]
+    runs: list[int] = []
+    classify = lane.classify
+
+    def counted(fmt: Any, matrices: np.ndarray, frame_index: np.ndarray) -> np.ndarray:
+        runs.append(len(matrices))
+        return classify(fmt, matrices, frame_index)
+    lane.classify = counted
+    try:
+        parted = [small.analyze(frame) for frame in frames]
+    finally:
+        small.close()
+    assert runs and max(runs) <= 3 and len(runs) > len(frames), runs
+    whole = [graph_perception.analyze(frame) for frame in frames]
+    assert sum(len(faces) for faces, _, _ in whole) * 2 > 3 * len(frames)  # several parts per frame (flip doubles)
+    for (faces, scores, _), (ref_faces, ref_scores, _) in zip(parted, whole):
+        assert len(faces) == len(ref_faces)
+        np.testing.assert_allclose([s.probs for s in scores], [s.probs for s in ref_scores], atol=1e-5)
+
+
 def test_thresholds_apply_at_run_time(prepared_models: None, app_config: Any) -> None:
     """The score threshold is a graph input: a stricter one gives fewer faces with no rebuilt graph."""
     frames = _frames(data_path("video", "group_1080p.mp4"), 3, 11)

@@ -208,9 +208,11 @@ class FrameEngine:
     name = "frame-graphs"
 
     def __init__(self, lanes: list[FrameLane], detector: DetectorConfig, emotion: EmotionConfig,
-                 classifier: ModelManifest, max_batch: int, describe: dict[str, str]) -> None:
+                 classifier: ModelManifest, max_batch: int, describe: dict[str, str],
+                 faces_per_run: int = 256) -> None:
         self.lanes = len(lanes)
         self.max_batch = max_batch
+        self._faces_per_run = max(1, faces_per_run)
         self._lanes = lanes
         self._detector = detector
         self._emotion = emotion
@@ -271,7 +273,7 @@ class FrameEngine:
             matrices = np.concatenate([matrices, mirrored(matrices, self._crop_size[0])])
             frame_index = np.concatenate([frame_index, frame_index])
         t2 = time.monotonic()
-        probs = runner.classify(fmt, matrices, frame_index) if count else np.zeros((0, len(self._order)))
+        probs = self._classify(runner, fmt, matrices, frame_index)
         t3 = time.monotonic()
         emotions = normalised(probs, self._order, pairs=self._emotion.flip and count > 0)
         results: list[FrameResult | None] = [None] * len(items)
@@ -282,6 +284,17 @@ class FrameEngine:
             results[index] = FrameResult(kept.boxes[rows_of], kept.scores[rows_of], kept.landmarks[rows_of],
                                          emotions[rows_of], timings)
         return results  # type: ignore[return-value]
+
+    def _classify(self, runner: FrameLane, fmt: FrameFormat, matrices: np.ndarray,
+                  frame_index: np.ndarray) -> np.ndarray:
+        """The classifier graph over every crop, at most `max_faces_per_run` crops a run (inference.max_faces_per_run:
+        on cuda the largest run sizes the memory arena)."""
+        if not len(matrices):
+            return np.zeros((0, len(self._order)), np.float32)
+        step = self._faces_per_run
+        parts = [runner.classify(fmt, matrices[i:i + step], frame_index[i:i + step])
+                 for i in range(0, len(matrices), step)]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _crop_matrices(self, kept: KeptFaces) -> tuple[np.ndarray, np.ndarray]:
         """Per face: the inverse affine (output pixel → frame pixel) of its crop, and the frame it comes from;
@@ -387,7 +400,8 @@ def load_frame_perception(detector_path: Path, classifier_path: Path, detector: 
     describe = {"backend": "onnxruntime", "device": inference.device, "precision": precision,
                 "frame_path": "graph", "lanes": str(len(lanes)),
                 "files": f"{detector_path.name}, {classifier_path.name}"}
-    engine = FrameEngine(lanes, detector, emotion, classifier, inference.max_batch, describe)
+    engine = FrameEngine(lanes, detector, emotion, classifier, inference.max_batch, describe,
+                         inference.max_faces_per_run)
     model = BatchedModel(engine, "frames", inference.max_batch, inference.max_delay_ms, inference.queue_size)
     return FramePerception(model, engine, frames_in_flight=inference.frames_in_flight_for(graph=True),
                            interval=detector.interval)
@@ -412,7 +426,7 @@ def _cuda_lanes(ort: Any, graphs: FrameGraphs, inference: InferenceConfig, detec
     try:
         for index in range(inference.lanes):
             lanes.append(CudaFrameLane(graphs, cuda_session, inference.max_batch, inference.batch_step,
-                                       face_cap=inference.max_batch * detector.max_faces * (2 if flip else 1),
+                                       face_cap=inference.max_faces_per_run,
                                        what=f"frame graphs lane {index}"))
     except BaseException:
         for lane in lanes:

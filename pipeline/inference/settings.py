@@ -228,6 +228,12 @@ class InferenceConfig(StrictModel):
                            "(4.1 GB of GPU memory per 16-camera group on an H200). 1 = everything in the daemon's "
                            "process.")
     threads: int = Field(0, ge=0, le=256, description="CPU threads per session; 0 = the library default.")
+    max_faces_per_run: int = Field(256, ge=1, le=65_536, description="Frame graphs path: the most face crops "
+                                   "(mirror images included, emotion.flip) the emotion model reads in one run; a "
+                                   "batch with more runs in parts. On cuda each padded count up to this has its "
+                                   "own session, and the largest sets the memory arena's size: 256 took GB less "
+                                   "than a batch's worst case (max_batch x detector.max_faces x 2) on an H200 "
+                                   "(BENCHMARKS.md, bench memory).")
     cudnn_max_workspace: bool = Field(True, description="device cuda: let cuDNN choose convolution algorithms "
                                       "that need the largest scratch memory (ONNX Runtime's "
                                       "cudnn_conv_use_max_workspace, its default). false: less GPU memory per "

@@ -46,6 +46,7 @@ def run_groups(args: argparse.Namespace, cfg: AppConfig, recorder: Any, warmup_s
         cpu_s = _cpu_seconds(pids) - cpu0
         frames_in = _frames_in(groups) - frames_in0
         rss_mb, peak_mb = rss_mb_of(pids)
+        host = host_memory_mb(pids)
         gpu_mb = gpu_memory_mb(pids)
         batching = _batch_stats([model for group in groups for model in group.models])
     finally:
@@ -53,7 +54,7 @@ def run_groups(args: argparse.Namespace, cfg: AppConfig, recorder: Any, warmup_s
     usage = (SimpleNamespace(ru_utime=0.0, ru_stime=0.0), SimpleNamespace(ru_utime=cpu_s, ru_stime=0.0))
     return {"wall": wall, "frames_in": frames_in, "analysed": len(recorder.latencies_ms), "usage": usage,
             "rss_mb": rss_mb, "peak_mb": peak_mb, "gpu_mb": gpu_mb, "batching": batching,
-            "extra": {"processes": len(groups), "gpu_utilisation": utilisation,
+            "extra": {"processes": len(groups), "gpu_utilisation": utilisation, "host_memory": host,
                       "frame_path": "graph" if cfg.inference.graph_frames else "opencv"}}
 
 
@@ -104,6 +105,25 @@ def rss_mb_of(pids: list[int]) -> tuple[float, float]:
         now += float(fields["VmRSS"].split()[0]) / 1024
         peak += float(fields["VmHWM"].split()[0]) / 1024
     return now, peak
+
+
+def host_memory_mb(pids: list[int]) -> dict[str, float]:
+    """This process's and `pids`' host memory summed three ways: resident (RSS, every mapped page counted in every
+    process), proportional (PSS: a page shared by k processes counts 1/k, so the sum is what they take together)
+    and anonymous (RssAnon: the processes' own heaps, not the libraries' file pages)."""
+    totals = {"rss_mb": 0.0, "pss_mb": 0.0, "anon_mb": 0.0}
+    for pid in ["self", *pids]:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as handle:
+                rollup = dict(line.split(":", 1) for line in handle.read().splitlines()[1:] if ":" in line)
+            with open(f"/proc/{pid}/status") as handle:
+                status = dict(line.split(":", 1) for line in handle.read().splitlines() if ":" in line)
+        except OSError:
+            continue
+        totals["rss_mb"] += float(status["VmRSS"].split()[0]) / 1024
+        totals["pss_mb"] += float(rollup["Pss"].split()[0]) / 1024
+        totals["anon_mb"] += float(status["RssAnon"].split()[0]) / 1024
+    return {key: round(value, 1) for key, value in totals.items()}
 
 
 def _batch_stats(models: list[ModelView]) -> dict[str, Any]:

@@ -11,7 +11,8 @@ One process does, in order, what a camera group does when it starts, and after e
   6. analysing        — the cameras analysed for `--duration` seconds (the peak over that time is reported).
 
 The deltas are the breakdown: context, model sessions with their arena, decoder surfaces with the frame pools, and
-what analysis adds on top (the arena grown to the largest batches). The project's own CUDA buffers (frame pools,
+what analysis adds on top (the arena grown to the largest batches). Host memory is shown as resident (RSS) and
+anonymous (the process's own heap: RSS less the pages of the libraries' files, which processes share). The project's own CUDA buffers (frame pools,
 lane batch buffers, pinned staging) are counted by pipeline.inference.gpu.cuda's ledger and reported apart.
 Options are bench pipeline's (cameras, video, fps, batch sizes, interval, ...), so one change can be measured per run.
 """
@@ -30,7 +31,7 @@ from pipeline.inference.frames import FramePerception
 from pipeline.inference.perception import load_perception
 from pipeline.service.parts import limit_opencv_threads, new_tracker
 from pipeline.service.worker import CameraWorker
-from pipeline.tools.bench_groups import rss_mb_of
+from pipeline.tools.bench_groups import host_memory_mb
 from pipeline.tools.bench_pipeline import _config, _decoder_kind, _intervals, _video_format
 
 SAMPLE_S = 0.5
@@ -54,10 +55,11 @@ class Steps:
 
     def mark(self, step: str, gpu_mb: float | None = None, note: str = "") -> None:
         gpu = device_used_mb() if gpu_mb is None else gpu_mb
-        rss, _ = rss_mb_of([])
+        host = host_memory_mb([])
+        rss = host["rss_mb"]
         last = self.rows[-1] if self.rows else None
         self.rows.append({
-            "step": step, "gpu_mb": gpu, "rss_mb": round(rss, 1), "note": note,
+            "step": step, "gpu_mb": gpu, "rss_mb": rss, "anon_mb": host["anon_mb"], "note": note,
             "gpu_delta_mb": None if gpu is None or last is None or last["gpu_mb"] is None else gpu - last["gpu_mb"],
             "rss_delta_mb": None if last is None else round(rss - last["rss_mb"], 1)})
 
@@ -145,12 +147,13 @@ def print_memory_table(result: dict[str, Any]) -> None:
     print(f"{result['cameras']} cameras of {result['video']} on {result['device']} ({result['frame_path']} path, "
           f"max_batch {result['max_batch']}, batch_step {result['batch_step']}, interval {result['interval']}, "
           f"{result['emotion_model']} {result['precision']}, cudnn_max_workspace {result['cudnn_max_workspace']})")
-    print(f"{'step':18} {'GPU MB':>8} {'+GPU':>8} {'RSS MB':>8} {'+RSS':>8}  note")
+    print(f"{'step':18} {'GPU MB':>8} {'+GPU':>8} {'RSS MB':>8} {'+RSS':>8} {'anon MB':>8}  note")
     for row in result["steps"]:
         gpu = "-" if row["gpu_mb"] is None else f"{row['gpu_mb']:.0f}"
         gpu_delta = "" if row["gpu_delta_mb"] is None else f"{row['gpu_delta_mb']:+.0f}"
         rss_delta = "" if row["rss_delta_mb"] is None else f"{row['rss_delta_mb']:+.0f}"
-        print(f"{row['step']:18} {gpu:>8} {gpu_delta:>8} {row['rss_mb']:>8.0f} {rss_delta:>8}  {row['note']}")
+        print(f"{row['step']:18} {gpu:>8} {gpu_delta:>8} {row['rss_mb']:>8.0f} {rss_delta:>8} {row['anon_mb']:>8.0f}  "
+              f"{row['note']}")
     if result["project_buffers"]:
         print("the project's own CUDA buffers (MB, count): " + ", ".join(
             f"{key} {value}" for key, value in result["project_buffers"].items()))

@@ -381,6 +381,11 @@ def print_pipeline_table(result: dict[str, Any]) -> None:
               f"{r['skipped_pct_of_wanted']:>6} {lat['p50']:>7} {lat['p95']:>7} {lat['p99']:>7} {r['cpu_percent']:>6} "
               f"{r['peak_rss_mb']:>7} {r['gpu_mb'] if r['gpu_mb'] is not None else '-':>7}  {batches}")
     for r in result["results"]:
+        if r.get("host_memory"):
+            h = r["host_memory"]
+            print(f"{r['mode']}: host memory of all processes: RSS {h['rss_mb']} MB, PSS {h['pss_mb']} MB (shared "
+                  f"library pages counted once), anonymous {h['anon_mb']} MB")
+    for r in result["results"]:
         if r.get("gpu_utilisation"):
             u = r["gpu_utilisation"]
             print(f"{r['mode']}: GPU busy {u['gpu_busy_pct']} %, NVDEC busy {u['nvdec_busy_pct']} % "
