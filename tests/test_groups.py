@@ -20,7 +20,16 @@ import onnxruntime
 import pytest
 
 from pipeline.config.app import AppConfig, CameraConfig
-from pipeline.service.groups import camera_groups, group_config
+from pipeline.service.groups import (
+    CameraGroup,
+    GroupHandlers,
+    GroupStartError,
+    camera_groups,
+    group_config,
+    group_gpus,
+    stop_groups,
+    visible_gpus,
+)
 from tests.conftest import ROOT
 from tests.running_daemon import (  # noqa: F401  (daemons: a fixture)
     RunningDaemon,
@@ -186,3 +195,39 @@ def test_a_group_on_the_frame_graphs_path_prepares_no_batch_larger_than_its_came
     assert group_config(graphs, 16).cameras == graphs.cameras and graphs.inference.max_batch == 64
     opencv = AppConfig.model_validate({"cameras": cams, "inference": {"frame_path": "opencv", "max_batch": 64}})
     assert group_config(opencv, 2).inference.max_batch == 64  # faces are batched there too: left alone
+
+
+def _inference(**values: Any) -> Any:
+    return AppConfig.model_validate({"cameras": [{"name": "a", "source": "demo"}], "inference": values}).inference
+
+
+def test_groups_are_spread_over_the_gpus_round_robin() -> None:
+    """inference.devices (issue 25 item 4), with fake GPU lists: every visible GPU by default, the listed ones
+    otherwise (numbered within CUDA_VISIBLE_DEVICES), none on the CPU; a GPU that is not there is refused."""
+    assert group_gpus(_inference(device="cuda", processes=5), 5, ["0", "1"]) == ["0", "1", "0", "1", "0"]
+    assert group_gpus(_inference(device="cuda", processes=3, devices=[1]), 3, ["4", "6"]) == ["6", "6", "6"]
+    assert group_gpus(_inference(device="cuda", processes=4, devices=[2, 0]), 4,
+                      ["a", "b", "GPU-c"]) == ["GPU-c", "a", "GPU-c", "a"]
+    assert group_gpus(_inference(device="cpu", processes=2), 2, ["0", "1"]) == [None, None]
+    assert group_gpus(_inference(device="cuda", processes=2), 2, []) == [None, None]  # CUDA's default
+    with pytest.raises(GroupStartError, match="GPU 2 does not exist"):
+        group_gpus(_inference(device="cuda", processes=2, devices=[0, 2]), 2, ["0", "1"])
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "3, 5"}) == ["3", "5"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+    with pytest.raises(ValueError, match="distinct"):
+        _inference(devices=[1, 1])
+
+
+def test_a_group_process_sees_only_its_gpu(prepared_models: None, app_config: AppConfig) -> None:
+    """The GPU given to a group is the only one CUDA sees in its process (CUDA_VISIBLE_DEVICES there, set before its
+    models load): a real group process on the CPU, told GPU 7, reports it when ready."""
+    import threading
+
+    cams = [CameraConfig.model_validate({"name": "lobby", "source": str(clip()), "fps": 5})]
+    group = CameraGroup(1, app_config, cams, GroupHandlers(lambda _obs: None, lambda _event: None), gpu="7")
+    try:
+        group.start()
+        group.wait_ready(threading.Event())
+        assert group.gpu_seen == "7"
+    finally:
+        stop_groups([group], 5.0)

@@ -227,6 +227,11 @@ class InferenceConfig(StrictModel):
                            "they analysed no more than one process. Each group holds its own copy of the models "
                            "(4.1 GB of GPU memory per 16-camera group on an H200). 1 = everything in the daemon's "
                            "process.")
+    devices: list[int] | None = Field(None, description="device cuda with processes > 1: the GPUs the camera "
+                                      "groups are spread over, round-robin, each group on one (numbered as CUDA "
+                                      "numbers them in this process, i.e. within CUDA_VISIBLE_DEVICES when that is "
+                                      "set). Default: every GPU nvidia-smi lists. Run NVIDIA MPS for every GPU "
+                                      "used (README, \"Many cameras: what to tune\").")
     threads: int = Field(0, ge=0, le=256, description="CPU threads per session; 0 = the library default.")
     max_faces_per_run: int = Field(256, ge=1, le=65_536, description="Frame graphs path: the most face crops "
                                    "(mirror images included, emotion.flip) the emotion model reads in one run; a "
@@ -290,6 +295,17 @@ class InferenceConfig(StrictModel):
                                    "onnxruntime and device cpu or cuda, or frame_path opencv",
                                    key="frame_path", value=self.frame_path)
         return self
+
+    @field_validator("devices")
+    @classmethod
+    def _devices_are_distinct_ordinals(cls, value: list[int] | None) -> list[int] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("give at least one GPU number, e.g. [0, 1], or leave devices out for every GPU")
+        if min(value) < 0 or len(set(value)) != len(value):
+            raise ValueError(f"GPU numbers must be distinct and 0 or more, got {value}")
+        return value
 
     @model_validator(mode="after")
     def _backend_needs_gpu(self) -> InferenceConfig:

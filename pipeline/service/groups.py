@@ -27,6 +27,7 @@ import multiprocessing
 import os
 import queue
 import signal
+import subprocess
 import threading
 import time
 from collections import deque
@@ -103,6 +104,34 @@ def crowded_process(cameras: Sequence[CameraConfig], inference: InferenceConfig)
             f"{CAMERAS_PER_GROUP} cameras of 1080p one process's GIL is the limit (an H200 analysed 47-68 % of the "
             f"frames of 64 cameras in one process, 99.9 % as 2 groups under NVIDIA MPS); consider processes: "
             f"{wanted} with MPS running (README, \"Many cameras: what to tune\")")
+
+
+def visible_gpus(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """The GPUs this process may use, each as CUDA_VISIBLE_DEVICES would name it to a child: the entries of
+    CUDA_VISIBLE_DEVICES when it is set, else every GPU `nvidia-smi -L` lists (by index); [] when there is none.
+    Read without touching CUDA: the daemon's own process never uses the GPU when cameras run in groups."""
+    listed = environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [entry.strip() for entry in listed.split(",") if entry.strip()]
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(index) for index, line in enumerate(line for line in out.splitlines() if line.startswith("GPU "))]
+
+
+def group_gpus(inference: InferenceConfig, groups: int, visible: Sequence[str]) -> list[str | None]:
+    """The GPU of each camera group (as its CUDA_VISIBLE_DEVICES), round-robin over `inference.devices` (numbers
+    into `visible`; default: all of them). None for every group on the CPU or with no GPU found (CUDA's own default
+    then applies). ConfigError-like ValueError for a device number that is not visible."""
+    if inference.device == "cpu" or not visible:
+        return [None] * groups
+    wanted = inference.devices if inference.devices is not None else list(range(len(visible)))
+    missing = [number for number in wanted if number >= len(visible)]
+    if missing:
+        raise GroupStartError(f"inference.devices {wanted}: GPU {missing[0]} does not exist here ({len(visible)} "
+                              f"visible: {', '.join(visible)}); number them from 0 within CUDA_VISIBLE_DEVICES")
+    return [visible[wanted[index % len(wanted)]] for index in range(groups)]
 
 
 def camera_groups(cameras: Sequence[CameraConfig], processes: int) -> list[list[CameraConfig]]:
@@ -241,9 +270,12 @@ def _serve(group: _GroupCameras, control: Connection) -> None:
 
 
 def run_group(cfg: AppConfig, cameras: list[CameraConfig], out: Any, control: Connection,
-              log_level: str | None) -> None:
+              log_level: str | None, gpu: str | None = None) -> None:
     """A group process's main: load the models, say ready, start the cameras on "go", send views until "stop" (or
-    until every camera ended, or the daemon is gone)."""
+    until every camera ended, or the daemon is gone). `gpu`: the one GPU this group uses, made the only one CUDA
+    sees here (set before anything in this process touches CUDA: the models load below)."""
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     _ignore_signals()
     setup_logging(log_level or cfg.logging.level, cfg.logging.format)
     cfg = group_config(cfg, len(cameras))
@@ -255,7 +287,7 @@ def run_group(cfg: AppConfig, cameras: list[CameraConfig], out: Any, control: Co
         out.put(("failed", mask_secrets(str(exc))))
         return
     group = _GroupCameras(cfg, cameras, perception, out)
-    out.put(("ready",))
+    out.put(("ready", os.environ.get("CUDA_VISIBLE_DEVICES")))
     command = _next_command(control, None)
     while command not in ("go", "stop"):  # nothing to preview before the cameras start
         command = _next_command(control, None)
@@ -290,9 +322,11 @@ class CameraGroup:
     """One group process as the daemon sees it: started, read on a thread, started again when it dies, stopped."""
 
     def __init__(self, index: int, cfg: AppConfig, cameras: list[CameraConfig], handlers: GroupHandlers,
-                 log_level: str | None = None) -> None:
+                 log_level: str | None = None, gpu: str | None = None) -> None:
         self.name = f"cameras-{index}"
         self.cfg, self.cameras, self.handlers, self.log_level = cfg, cameras, handlers, log_level
+        self.gpu = gpu  # the GPU given to its process (CUDA_VISIBLE_DEVICES there); None: CUDA's default
+        self.gpu_seen: str | None = None  # what the process reported it runs on (CUDA_VISIBLE_DEVICES), when ready
         self.views: tuple[CameraView, ...] = ()
         self.models: tuple[ModelView, ...] = ()
         self.observations_dropped = 0  # over every process the group had (each counts from 0)
@@ -327,13 +361,14 @@ class CameraGroup:
         self._failure = None
         receive, self._control = self._ctx.Pipe(duplex=False)
         process = self._ctx.Process(target=run_group, name=f"emotion-{self.name}", daemon=True,
-                                    args=(self.cfg, self.cameras, self._queue, receive, self.log_level))
+                                    args=(self.cfg, self.cameras, self._queue, receive, self.log_level, self.gpu))
         process.start()
         receive.close()
         self._process, self._launched_mono = process, time.monotonic()
         if self._go:
             self._command("go")
-        log.info("%s: process %d started for %s", self.name, process.pid, ", ".join(c.name for c in self.cameras))
+        log.info("%s: process %d started for %s%s", self.name, process.pid, ", ".join(c.name for c in self.cameras),
+                 f" on GPU {self.gpu}" if self.gpu is not None else "")
 
     def wait_ready(self, stop: threading.Event) -> None:
         """Block until the group's models are loaded, or until `stop` is set (SIGTERM while starting: the daemon then
@@ -419,6 +454,7 @@ class CameraGroup:
                 self._previews[message[1]] = message[2]
                 self._preview_arrived.notify_all()
         elif kind == "ready":
+            self.gpu_seen = message[1] if len(message) > 1 else None
             self._ready.set()
         elif kind == "failed":
             self._failure = message[1]
@@ -483,8 +519,10 @@ def start_groups(cfg: AppConfig, cameras: Sequence[CameraConfig], handlers: Grou
     problem = mps_problem(cfg.inference)
     if problem:
         log.warning("%s", problem)
-    groups = [CameraGroup(index + 1, cfg, members, handlers, log_level)
-              for index, members in enumerate(camera_groups(cameras, cfg.inference.processes))]
+    members = camera_groups(cameras, cfg.inference.processes)
+    gpus = group_gpus(cfg.inference, len(members), visible_gpus())
+    groups = [CameraGroup(index + 1, cfg, cams, handlers, log_level, gpu)
+              for index, (cams, gpu) in enumerate(zip(members, gpus))]
     try:
         for group in groups:
             group.start()
