@@ -109,6 +109,9 @@ class ServerConfig(StrictModel):
                                                 "Bearer TOKEN` (WebSocket also ?token=).")
     preview_fps: float = Field(2.0, ge=0, le=30, description="Frame rate of the annotated previews on the status "
                                                              "page; 0 disables them.")
+    config_editor: bool = Field(True, description="The status page may save the configuration file (PUT "
+                                "/api/config: checked like check-config, the previous file kept as FILE.bak, then "
+                                "reloaded). false: the page and GET /api/config still show it, read-only.")
 
     @field_validator("token", mode="before")
     @classmethod

@@ -18,9 +18,10 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Iterable
+from concurrent.futures import Future
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline.behavior.avatar_mapper import BehaviorRouter
 from pipeline.capture.source_base import VideoSource
@@ -42,6 +43,7 @@ from pipeline.outputs.events import (
     snapshot_event,
 )
 from pipeline.outputs.websocket import EventHub
+from pipeline.service.config_editor import ConfigEditor
 from pipeline.service.cameras import (
     Camera,
     DropCounter,
@@ -136,6 +138,10 @@ class Daemon:
         self.recent_commands: deque[Event] = deque(maxlen=RECENT_COMMANDS)
         self.commands_sent = 0
         self.reloads: Counter[str] = Counter(applied=0, rejected=0)
+        self.last_reload: dict[str, Any] | None = None  # the newest reload's outcome, whatever asked for it
+        self._reload_waiters: list[tuple[str, Future[dict[str, Any]]]] = []  # (trigger, outcome), under the lock
+        self._reload_lock = threading.Lock()
+        self._reload_trigger = "signal"  # what asked for the reload running now
         self.started_mono = time.monotonic()
         self.started = False
         self.ready = False
@@ -183,7 +189,8 @@ class Daemon:
 
     def new_server(self, cfg: AppConfig) -> StatusServer:
         """A status server (not started) for `cfg.server`, given only what it serves, never the daemon."""
-        return StatusServer(cfg.server, self.snapshot, self.metrics.render, self.hub, self.previews)
+        return StatusServer(cfg.server, self.snapshot, self.metrics.render, self.hub, self.previews,
+                            self.config_editor())
 
     def new_groups(self, cfg: AppConfig) -> list[CameraGroup]:
         """The camera group processes of `cfg` with their models loaded, cameras not yet started (each group's go())."""
@@ -292,6 +299,7 @@ class Daemon:
             taken_mono=now, cfg=cfg, ready=self.ready, started=self.started, started_mono=self.started_mono,
             config_path=str(self.config_path) if self.config_path else None,
             config_loaded_at=self.config_loaded_at, reloads=dict(self.reloads), commands_sent=self.commands_sent,
+            last_reload=dict(self.last_reload) if self.last_reload else None,
             recent_commands=tuple(self.recent_commands),
             observations_dropped=self.counters.observations_dropped + sum(g.observations_dropped for g in self.groups),
             preview_fps=cfg.server.preview_fps, preview_renders=self.previews.renders, ws_enabled=self.hub.enabled,
@@ -324,7 +332,7 @@ class Daemon:
         while not self.stop_event.is_set():
             if self._reload_requested.is_set():
                 self._reload_requested.clear()
-                self.reload()
+                self._reload_for_waiters()
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 log.info("duration reached, stopping")
@@ -398,12 +406,33 @@ class Daemon:
 
     # ------------------------------------------------------------------ reload
 
-    def request_reload(self) -> None:
-        """What SIGHUP does: ask the main loop to reload (from any thread)."""
+    def request_reload(self, trigger: str = "signal") -> Future[dict[str, Any]]:
+        """Ask the main loop to reload (from any thread: SIGHUP, or a save on the status page); the future gets the
+        reload's outcome (`last_reload`). Requests made while one waits are served by the same reload."""
+        outcome: Future[dict[str, Any]] = Future()
+        with self._reload_lock:
+            self._reload_waiters.append((trigger, outcome))
         self._reload_requested.set()
+        return outcome
 
-    def reload(self) -> bool:
-        """Re-read and validate the config file; apply it, or keep the running one and say why. True if applied."""
+    def _reload_for_waiters(self) -> None:
+        with self._reload_lock:
+            waiters, self._reload_waiters = self._reload_waiters, []
+        triggers = sorted({trigger for trigger, _ in waiters}) or ["signal"]
+        self.reload(trigger="+".join(triggers))
+        for _, outcome in waiters:
+            outcome.set_result(dict(self.last_reload or {}))
+
+    def config_editor(self) -> ConfigEditor | None:
+        """What the status page edits: the file this daemon was started with (none for a config object)."""
+        if self.config_path is None:
+            return None
+        return ConfigEditor(Path(self.config_path), self.request_reload, lambda: self.cfg.server.config_editor)
+
+    def reload(self, trigger: str = "signal") -> bool:
+        """Re-read and validate the config file; apply it, or keep the running one and say why. True if applied.
+        The outcome is kept in `last_reload` (and /api/status's config.last_reload)."""
+        self._reload_trigger = trigger
         if self.config_path is None:
             reload_log.warning("SIGHUP: no configuration file to reload (the daemon was given a config object)")
             return False
@@ -428,12 +457,16 @@ class Daemon:
         self.reloads["applied"] += 1
         self.config_loaded_at = time.time()
         changes = plan.describe()
+        self.last_reload = {"result": "applied", "at": round(time.time(), 3), "trigger": trigger,
+                            "changes": changes, "errors": []}
         reload_log.info("configuration %s applied: %s", self.config_path, "; ".join(changes))
         self.bus.publish(config_event("applied", self.config_path, changes=changes))
         return True
 
     def _reject(self, errors: list[str]) -> None:
         self.reloads["rejected"] += 1
+        self.last_reload = {"result": "rejected", "at": round(time.time(), 3),
+                            "trigger": self._reload_trigger, "changes": [], "errors": errors}
         reload_log.error("configuration %s rejected, the running configuration stays in force:", self.config_path)
         for line in errors:
             reload_log.error("%s", line)

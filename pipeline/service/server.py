@@ -13,6 +13,9 @@ frame read from the preview store. Anything that takes a lock or draws pixels ru
 | GET / | status page (pipeline/static) |
 | GET /preview/ws | WebSocket of annotated JPEGs: binary messages `camera name \\n JPEG bytes`, at most preview_fps |
 | GET /preview/{camera}.jpg | the newest annotated JPEG of one camera |
+| GET /api/config | the configuration file as text (YAML) |
+| POST /api/config/check | the text in the body checked as the file: 200 {"errors": []} or 422 {"errors": [...]} |
+| PUT /api/config | the body saved as the file and reloaded: 200 with the reload's outcome, 422 with every error (nothing written), 403 when server.config_editor is false |
 
 With `server.token` set, every path but /healthz needs `Authorization: Bearer TOKEN` or `?token=TOKEN`. A browser
 that opens / without it gets the token page (static/login.html, still a 401) instead of a JSON 401, which API clients
@@ -44,6 +47,7 @@ from pipeline.service.status import check_health, status_document
 
 if TYPE_CHECKING:
     from pipeline.config.app import ServerConfig
+    from pipeline.service.config_editor import ConfigEditor
     from pipeline.outputs.websocket import EventHub
     from pipeline.service.preview import PreviewStore
     from pipeline.service.snapshot import DaemonSnapshot
@@ -74,8 +78,9 @@ class StatusServer:
     """
 
     def __init__(self, cfg: ServerConfig, snapshot: Callable[[], DaemonSnapshot], metrics: Callable[[], bytes],
-                 hub: EventHub, previews: PreviewStore) -> None:
+                 hub: EventHub, previews: PreviewStore, editor: ConfigEditor | None = None) -> None:
         self.cfg = cfg
+        self._editor = editor
         self._snapshot = snapshot
         self._render_metrics = metrics
         self._hub = hub
@@ -149,6 +154,9 @@ class StatusServer:
         app.router.add_get("/", self._index)
         app.router.add_get("/preview/ws", self._preview_ws)
         app.router.add_get("/preview/{camera}.jpg", self._preview_jpeg)
+        app.router.add_get("/api/config", self._config_text)
+        app.router.add_post("/api/config/check", self._config_check)
+        app.router.add_put("/api/config", self._config_save)
         app.router.add_static("/static", STATIC_DIR, append_version=False)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S)
         await self._runner.setup()
@@ -214,6 +222,36 @@ class StatusServer:
         """The page, its script and styles inlined: the token page fetches it with the Authorization header, and a
         <script src> or <link href> in it could not send one."""
         return web.Response(text=status_page(), content_type="text/html", headers=NO_CACHE)
+
+    def _no_editor(self) -> web.Response:
+        return web.json_response({"error": "no configuration file: the daemon was started without one"},
+                                 status=404, headers=NO_CACHE)
+
+    async def _config_text(self, request: web.Request) -> web.Response:
+        if self._editor is None:
+            return self._no_editor()
+        text = await self._in_pool(self._editor.read)
+        headers = {"X-Config-Path": str(self._editor.path), "X-Config-Writable": str(self._editor.writable).lower()}
+        return web.Response(text=text, content_type="application/yaml", headers={**headers, **NO_CACHE})
+
+    async def _config_check(self, request: web.Request) -> web.Response:
+        from pipeline.service.config_editor import issue_json
+
+        if self._editor is None:
+            return self._no_editor()
+        issues = await self._in_pool(self._editor.check, await request.text())
+        return web.json_response({"errors": [issue_json(issue) for issue in issues]},
+                                 status=422 if issues else 200, headers=NO_CACHE)
+
+    async def _config_save(self, request: web.Request) -> web.Response:
+        if self._editor is None:
+            return self._no_editor()
+        text = await request.text()  # the save waits for the reload: off the small pool status requests share
+        result = await asyncio.get_running_loop().run_in_executor(None, self._editor.save, text)
+        if result.status == 200:
+            log.info("configuration saved from the status page (%s): %s", self._editor.path,
+                     result.body["reload"].get("result"))
+        return web.json_response(result.body, status=result.status, headers=NO_CACHE)
 
     async def _preview_jpeg(self, request: web.Request) -> web.Response:
         name = request.match_info["camera"]

@@ -109,6 +109,7 @@ class DaemonSnapshot:
     cameras: tuple[CameraView, ...] = ()
     models: tuple[ModelView, ...] = ()
     outputs: tuple[OutputView, ...] = ()
+    last_reload: Mapping[str, Any] | None = None  # the newest reload's outcome (result, at, trigger, changes, errors)
 
     def has_camera(self, name: str) -> bool:
         """Whether a camera of that name runs (the status server's 404 check)."""

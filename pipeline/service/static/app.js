@@ -141,6 +141,7 @@ async function refresh() {
     renderCameras(status.cameras, status.preview_fps);
     renderOutputs(status.sinks);
     renderCommands(status.recent_commands);
+    renderReload(status.config);
   } catch (error) {
     $("#overall").textContent = "unreachable";
     $("#overall").className = "badge failing";
@@ -172,6 +173,101 @@ function connectPreviews() {
   };
   socket.onclose = () => setTimeout(connectPreviews, 2000);
 }
+
+// --- the configuration: the last reload's outcome, and the file in an editor checked by the daemon's own loader ---
+
+function renderReload(config) {
+  const box = $("#reload");
+  const last = config.last_reload;
+  $("#config-path").textContent = config.path || "";
+  if (!last) { box.hidden = true; return; }
+  box.hidden = false;
+  box.className = "reload " + last.result;
+  const when = clock(last.at);
+  const head = last.result === "applied"
+    ? `Configuration applied at ${when} (${last.trigger}): ${last.changes.join("; ") || "no change"}`
+    : `Configuration rejected at ${when} (${last.trigger}); the running configuration stays in force:`;
+  const list = el("ul");
+  list.append(...last.errors.map((text) => el("li", "", text)));
+  box.replaceChildren(el("span", "", head), list);
+}
+
+const editor = $("#config-text");
+let badLines = new Set();
+
+function drawLineNumbers() {
+  const count = editor.value.split("\n").length;
+  const numbers = [];
+  for (let line = 1; line <= count; line += 1) {
+    const span = el("span", badLines.has(line) ? "bad" : "", String(line));
+    numbers.push(span, document.createTextNode("\n"));
+  }
+  $("#config-lines").replaceChildren(...numbers);
+  editor.rows = count + 1; // as tall as the text: the numbers and the text scroll together in .editor
+}
+
+function goToLine(line) {
+  const lines = editor.value.split("\n");
+  const start = lines.slice(0, line - 1).reduce((total, text) => total + text.length + 1, 0);
+  editor.focus();
+  editor.setSelectionRange(start, start + (lines[line - 1] || "").length);
+  $(".editor").scrollTop = Math.max(0, (line - 5) * 18.2);
+}
+
+function showErrors(errors) {
+  badLines = new Set(errors.filter((e) => e.line).map((e) => e.line));
+  $("#config-errors").replaceChildren(...errors.map((e) => {
+    const item = el("li", "", e.text);
+    if (e.line) item.addEventListener("click", () => goToLine(e.line));
+    return item;
+  }));
+  drawLineNumbers();
+}
+
+async function loadConfig() {
+  const response = await fetch("api/config", { headers, cache: "no-store" });
+  if (!response.ok) { $("#config-mode").textContent = `cannot read the configuration (HTTP ${response.status})`; return; }
+  editor.value = await response.text();
+  const writable = response.headers.get("X-Config-Writable") === "true";
+  editor.readOnly = !writable;
+  $("#config-save").disabled = !writable;
+  $("#config-mode").textContent = writable
+    ? "Check runs the daemon's own loader; Save writes the file (the previous one is kept as .bak) and applies it."
+    : "Read-only: server.config_editor is false on this daemon.";
+  showErrors([]);
+  $("#config-outcome").textContent = "";
+}
+
+async function sendConfig(method, path) {
+  const response = await fetch(path, { method, headers: { ...headers, "Content-Type": "application/yaml" },
+                                       body: editor.value, cache: "no-store" });
+  return { status: response.status, body: await response.json() };
+}
+
+$("#config-check").addEventListener("click", async () => {
+  const { body } = await sendConfig("POST", "api/config/check");
+  showErrors(body.errors || []);
+  $("#config-outcome").textContent = body.errors && body.errors.length
+    ? `${body.errors.length} problem(s); nothing saved` : "no problems found";
+});
+
+$("#config-save").addEventListener("click", async () => {
+  $("#config-outcome").textContent = "saving…";
+  const { status, body } = await sendConfig("PUT", "api/config");
+  if (status === 422) {
+    showErrors(body.errors);
+    $("#config-outcome").textContent = `${body.errors.length} problem(s); nothing saved`;
+    return;
+  }
+  if (status !== 200 && status !== 202) { $("#config-outcome").textContent = body.error || `HTTP ${status}`; return; }
+  showErrors((body.reload.errors || []).map((text) => ({ text, line: null })));
+  $("#config-outcome").textContent = `saved; reload ${body.reload.result}`;
+  refresh();
+});
+
+$("#config-revert").addEventListener("click", loadConfig);
+editor.addEventListener("input", drawLineNumbers);
+$("#config-details").addEventListener("toggle", (event) => { if (event.target.open) loadConfig(); });
 
 refresh();
 setInterval(refresh, 1000);
