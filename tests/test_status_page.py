@@ -117,3 +117,49 @@ def test_status_page_shows_live_tiles(prepared_models: None, tmp_path: Path,
     finally:
         daemon.kill()
 
+
+
+def test_config_is_edited_checked_and_applied_from_the_page(prepared_models: None, tmp_path: Path,
+                                                             browser) -> None:  # type: ignore[no-untyped-def]
+    """Issue 26: an edit with a mistake is refused with the error shown at its line and nothing written; a good edit
+    is saved (the old file kept as .bak), applied, and the page says so."""
+    from selenium.webdriver.common.by import By
+
+    port = free_port()
+    config = write_config(tmp_path / "config.yaml", [f"{{name: lobby, source: '{clip()}', fps: 5, loop: true}}"],
+                          port=port, server=f"token: {TOKEN}, preview_fps: 1")
+    original = config.read_text()
+    daemon = RunningDaemon(config)
+    try:
+        daemon.wait_for(lambda: "status server on" in daemon.stderr_text(), 60, "the status server")
+        browser.get(f"http://127.0.0.1:{port}/?token={TOKEN}")
+        assert wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#tiles .tile"), 30)
+        browser.find_element(By.CSS_SELECTOR, "#config-details summary").click()
+        editor = browser.find_element(By.ID, "config-text")
+        assert wait_until(lambda: editor.get_attribute("value") == original, 30), editor.get_attribute("value")
+
+        def edit(text: str) -> None:
+            browser.execute_script("const e = document.getElementById('config-text'); e.value = arguments[0];"
+                                   "e.dispatchEvent(new Event('input'));", text)
+
+        def outcome() -> str:
+            return str(browser.find_element(By.ID, "config-outcome").text)
+
+        edit(original.replace("fps: 5", "fps: -5"))
+        browser.find_element(By.ID, "config-save").click()
+        assert wait_until(lambda: "nothing saved" in outcome(), 30), outcome()
+        errors = browser.find_elements(By.CSS_SELECTOR, "#config-errors li")
+        assert errors and f"{config}:2: cameras[0].fps" in errors[0].text, [e.text for e in errors]
+        assert browser.find_elements(By.CSS_SELECTOR, "#config-lines .bad")  # the line is marked
+        assert config.read_text() == original
+
+        edit(original.replace("fps: 5", "fps: 6"))
+        browser.find_element(By.ID, "config-save").click()
+        assert wait_until(lambda: "reload applied" in outcome(), 60), outcome()
+        assert config.read_text() == original.replace("fps: 5", "fps: 6")
+        assert (tmp_path / "config.yaml.bak").read_text() == original
+        assert wait_until(lambda: "Configuration applied" in browser.find_element(By.ID, "reload").text, 30)
+        code, _ = daemon.terminate()
+        assert code == 0
+    finally:
+        daemon.kill()
