@@ -156,7 +156,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     cfg = _load(args.config)
     return run_analyze(cfg, args.paths, every=args.every, cropped=args.cropped, crop=args.crop,
-                       detector_input=args.detector_input, only_holdout=args.holdout)
+                       detector_input=args.detector_input, only_holdout=args.holdout,
+                       summary_form=args.summary_form)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -166,8 +167,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 ANALYZE_DESCRIPTION = """\
-Images, folders or videos -> one JSON line per image or frame on stdout; warnings and a summary line on stderr
-(a progress bar too when stderr is a terminal). Exit 2 when an input is missing or unreadable."""
+Images, folders or videos -> one JSON line per image or frame on stdout; warnings and the summary on stderr: a
+table when stderr is a terminal (and a progress bar), else one `summary: {JSON}` line. Exit 2 when an input is
+missing or unreadable."""
 
 ANALYZE_EXAMPLES = """\
 examples:
@@ -206,6 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "configured backend, device and precision; any failure exits 2")
     check.add_argument("--timeout", type=float, default=12.0, metavar="S",
                        help="--probe: seconds to wait for the cameras, opened all at once (default 12)")
+
+    schema = sub.add_parser("schema", parents=[common],
+                            help="print the configuration's JSON Schema (for editors), or write it and the key "
+                                 "reference")
+    schema.add_argument("--output", type=Path, default=None, metavar="FILE",
+                        help="write the JSON Schema here instead of stdout (the repository's copy: config/schema.json)")
+    schema.add_argument("--markdown", type=Path, default=None, metavar="FILE",
+                        help="also write the key reference as Markdown (the repository's copy: docs/config.md)")
 
     prep = sub.add_parser("prepare-models", parents=[common], help="obtain, convert and verify the models into models/")
     prep.add_argument("--precision", default="fp32", help="comma-separated: fp32,fp16,int8 (default fp32)")
@@ -280,7 +290,15 @@ def _add_analyze_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--detector-input", type=_detector_input, default=None, metavar="WxH|auto",
                         help="override detector.input_size (default: the config's, auto in config/default.yaml: "
                              "the frame's aspect ratio, long side detector.max_input_side, e.g. 640x352 for 1080p; "
-                             "`bench analyze` uses 320x192), e.g. 320x192; the size used is logged per source")
+                             "`bench analyze` uses 320x192), e.g. 320x192; the sizes used are logged once, and per "
+                             "file with --log-level debug")
+    form = parser.add_mutually_exclusive_group()
+    form.add_argument("--json", dest="summary_form", action="store_const", const="json", default="auto",
+                      help="the summary as one `summary: {JSON}` line on stderr even on a terminal (the default "
+                           "when stderr is not a terminal)")
+    form.add_argument("--table", dest="summary_form", action="store_const", const="table",
+                      help="the summary as a table (accuracy, balanced accuracy, per-class recall and precision, "
+                           "the confusion grid) even when stderr is not a terminal (the default on a terminal)")
 
 
 def _add_run_args(parser: argparse.ArgumentParser) -> None:
@@ -289,9 +307,25 @@ def _add_run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=float, default=None, help="stop cleanly after this many seconds")
 
 
+def cmd_schema(args: argparse.Namespace) -> int:
+    """The JSON Schema on stdout (or --output), and the Markdown key reference with --markdown."""
+    from pipeline.config.schema import markdown_reference, schema_text
+
+    if args.output is None:
+        sys.stdout.write(schema_text())
+    else:
+        args.output.write_text(schema_text(), encoding="utf-8")
+        log.info("wrote %s", args.output)
+    if args.markdown is not None:
+        args.markdown.write_text(markdown_reference(), encoding="utf-8")
+        log.info("wrote %s", args.markdown)
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run,
     "check-config": cmd_check_config,
+    "schema": cmd_schema,
     "prepare-models": cmd_prepare_models,
     "build-engine": cmd_build_engine,
     "analyze": cmd_analyze,
