@@ -8,6 +8,7 @@ jitter, while every other camera keeps running.
 from __future__ import annotations
 
 import logging
+import re
 import os
 import random
 import threading
@@ -51,6 +52,13 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     "stopped": frozenset(),
     "ended": frozenset(),
 }
+FAILING_STATES = frozenset({"stalled", "reconnecting"})
+_RETRY_IN = re.compile(r";?\s*retry in [0-9.]+ ?s$")
+
+
+def _reason(detail: str) -> str:
+    """A failure's reason without its backoff ("...; retry in 0.4 s"): retries for one reason are one reason."""
+    return _RETRY_IN.sub("", detail)
 
 
 class FrameSlot:
@@ -277,16 +285,28 @@ class CaptureThread(threading.Thread):
         self._backoff = Backoff(cfg.reconnect.initial_s, cfg.reconnect.max_s)
         self._index = 0
         self._session_ended_mono = 0.0
+        self._last_detail = ""
 
     def set_state(self, state: CameraState, detail: str = "") -> None:
         if state == self.state and state != "reconnecting":
             return
         if state not in TRANSITIONS[self.state]:
             log.warning("camera %s: unexpected transition %s -> %s", self.cfg.name, self.state, state)
-        self.state = state
         detail = mask_secrets(detail)
-        log.info("camera %s: %s%s", self.cfg.name, state, f" ({detail})" if detail else "")
+        level = self._log_level(state, detail)
+        self.state, self._last_detail = state, detail
+        log.log(level, "camera %s: %s%s", self.cfg.name, state, f" ({detail})" if detail else "")
         self._on_event(CameraEvent(self.cfg.name, time.time(), state, detail))
+
+    def _log_level(self, state: CameraState, detail: str) -> int:
+        """What an operator at logging.level warning must see: a camera going down (once per reason, not per retry:
+        a retry for the same reason is DEBUG) and coming back; the rest of a camera's life is INFO."""
+        if state in FAILING_STATES:
+            repeat = state == self.state and _reason(detail) == _reason(self._last_detail)
+            return logging.DEBUG if repeat else logging.WARNING
+        if state == "streaming" and self.state in FAILING_STATES:
+            return logging.WARNING  # back after a failure: the line that closes the one above
+        return logging.INFO
 
     def run(self) -> None:
         try:

@@ -8,12 +8,15 @@ cap_v4l.cpp:914 ...`, `[tcp @ 0x...] Connection refused`, coloured `[W:onnxrunti
   imported (its sessions already log errors only: pipeline.inference.onnxruntime). FFmpeg's is deliberately left at
   OpenCV's default (errors): setting OPENCV_FFMPEG_LOGLEVEL makes OpenCV print FFmpeg's messages with `printf`, on
   stdout, in the middle of the events.
-- With `logging.format: json` only, fd 2 becomes a pipe read by the `native-stderr` thread (`NativeStderr`): each
-  line becomes a record of logger `native` at the level its prefix names (`_native_level`), while our own handler
-  writes to a duplicate of the original stderr. Python's own stray writes to sys.stderr (warnings, a thread's
-  traceback) take the same path, so every line is JSON. Text mode leaves fd 2 alone: its lines are readable as they
-  are, and the capture's cost (a thread, and a crash's last native words lost if the process dies before the thread
-  reads them) buys nothing there.
+- Unless the level is debug (or with `logging.format: json` at any level), fd 2 becomes a pipe read by the
+  `native-stderr` thread (`NativeStderr`): each line becomes a record of logger `native` at the level its prefix
+  names (`_native_level`), while our own handler writes to a duplicate of the original stderr. Python's own stray
+  writes to sys.stderr (warnings, a thread's traceback) take the same path, so in JSON every line is JSON. Lines that
+  only detail a failure the daemon reports itself in one line of its own (FFmpeg's `[tcp @ 0x...] Connection ...
+  failed` on every retry of a dead camera, OpenCV's `VIDEOIO(FFMPEG): backend is generally available but can't be
+  used to capture by name`) are DEBUG: at the operator's levels a dead camera reads as one WARNING line, not as if
+  FFmpeg were broken. At debug in text mode fd 2 is left alone: everything native shows as printed, and a crash's
+  last native words cannot be lost in the pipe.
 """
 
 from __future__ import annotations
@@ -40,11 +43,16 @@ _OPERATOR_OPENCV_LEVEL = os.environ.get("OPENCV_LOG_LEVEL")
 # the daemon's level -> OpenCV's threshold (its INFO and below are for OpenCV's developers; below INFO only if asked
 # for with OPENCV_LOG_LEVEL) and ONNX Runtime's default logger severity (0 verbose ... 4 fatal)
 _OPENCV_THRESHOLD = {"debug": "INFO", "info": "WARNING", "warning": "WARNING", "error": "ERROR"}
-_ORT_SEVERITY = {"debug": 1, "info": 2, "warning": 2, "error": 3}
+# ONNX Runtime's warnings on loading a model (e.g. "Removing initializer ... not used by any node" while a model is
+# prepared) are for model authors: shown at debug only.
+_ORT_SEVERITY = {"debug": 1, "info": 3, "warning": 3, "error": 3}
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _OPENCV_LINE = re.compile(r"^\[\s*(FATAL|ERROR|WARN|INFO|DEBUG|VERBOSE)[:\]]")
 _ORT_LINE = re.compile(r"\[([VIWEF]):onnxruntime:")
+# Native lines that only detail a failure the daemon handles and reports itself (see the module docstring).
+_HANDLED_DETAIL = re.compile(r"^\[[\w.-]+ @ 0x[0-9a-fA-F]+\]|can't be used to capture by name|"
+                             r"VIDEOIO\(\w+\): (?:can't|backend is generally available)")
 _OPENCV_LEVELS = {"FATAL": logging.CRITICAL, "ERROR": logging.ERROR, "WARN": logging.WARNING, "INFO": logging.INFO,
                   "DEBUG": logging.DEBUG, "VERBOSE": logging.DEBUG}
 _ORT_LEVELS = {"F": logging.CRITICAL, "E": logging.ERROR, "W": logging.WARNING, "I": logging.INFO, "V": logging.DEBUG}
@@ -93,6 +101,8 @@ def _native_level(line: str) -> int:
     """The level a native line names: OpenCV `[ WARN:...]`, ONNX Runtime `[W:onnxruntime:...]`; FFmpeg's
     `[tcp @ 0x...]` carries none and is printed only at its error threshold, but each is the detail of a failure
     the daemon handles (and reports) itself, so warning; anything else (a stray write) warning too."""
+    if _HANDLED_DETAIL.search(line):
+        return logging.DEBUG
     match = _OPENCV_LINE.match(line)
     if match:
         return _OPENCV_LEVELS[match.group(1)]
@@ -192,9 +202,10 @@ def setup_logging(level: str = "info", fmt: str = "text") -> None:
     """(Re)configure the root logger; safe to call again once the config is known, and on every reload."""
     level = level.lower()
     json_lines = fmt == "json"
-    if not json_lines:
+    capture = json_lines or level != "debug"
+    if not capture:
         _NATIVE.release()  # before the handler moves back to fd 2, which must then be the original stderr again
-    handler = _StderrHandler(_NATIVE.original_stream() if json_lines else sys.stderr)
+    handler = _StderrHandler(_NATIVE.original_stream() if capture else sys.stderr)
     handler.addFilter(_MaskingFilter())
     if json_lines:
         handler.setFormatter(_JsonFormatter())
@@ -206,5 +217,5 @@ def setup_logging(level: str = "info", fmt: str = "text") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     _tune_native_levels(level)
-    if json_lines:
+    if capture:
         _NATIVE.capture()  # after the handler writes to the original stderr: its lines must not come back here
