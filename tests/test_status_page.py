@@ -122,11 +122,14 @@ def test_status_page_shows_live_tiles(prepared_models: None, tmp_path: Path,
 def test_config_is_edited_checked_and_applied_from_the_page(prepared_models: None, tmp_path: Path,
                                                              browser) -> None:  # type: ignore[no-untyped-def]
     """Issue 26: an edit with a mistake is refused with the error shown at its line and nothing written; a good edit
-    is saved (the old file kept as .bak), applied, and the page says so."""
+    is saved (the old file kept as .bak), applied, and the page says so. A disabled camera shows as a grey tile whose
+    switch turns it on through the same save (the file's comments kept)."""
     from selenium.webdriver.common.by import By
 
     port = free_port()
-    config = write_config(tmp_path / "config.yaml", [f"{{name: lobby, source: '{clip()}', fps: 5, loop: true}}"],
+    config = write_config(tmp_path / "config.yaml", [f"{{name: lobby, source: '{clip()}', fps: 5, loop: true}}",
+                                                     f"{{name: hall, source: '{clip()}', fps: 4, loop: true, "
+                                                     f"enabled: false}}  # the side door"],
                           port=port, server=f"token: {TOKEN}, preview_fps: 1")
     original = config.read_text()
     daemon = RunningDaemon(config)
@@ -159,6 +162,16 @@ def test_config_is_edited_checked_and_applied_from_the_page(prepared_models: Non
         assert config.read_text() == original.replace("fps: 5", "fps: 6")
         assert (tmp_path / "config.yaml.bak").read_text() == original
         assert wait_until(lambda: "Configuration applied" in browser.find_element(By.ID, "reload").text, 30)
+
+        hall = browser.find_element(By.CSS_SELECTOR, '.tile[data-camera="hall"]')
+        assert "disabled" in hall.get_attribute("class") and hall.find_element(By.CSS_SELECTOR, ".state").text == \
+            "disabled"
+        hall.find_element(By.CSS_SELECTOR, "input.switch").click()
+        assert wait_until(lambda: "streaming" in hall.find_element(By.CSS_SELECTOR, ".state").text, 60), \
+            hall.find_element(By.CSS_SELECTOR, ".state").text
+        assert "disabled" not in hall.get_attribute("class")
+        text = config.read_text()
+        assert "enabled: true" in text and "# the side door" in text and "fps: 6" in text, text
         code, _ = daemon.terminate()
         assert code == 0
     finally:

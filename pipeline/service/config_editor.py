@@ -13,6 +13,7 @@ crash sees the old file or the new one, never neither) → ask the daemon to rel
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 from collections.abc import Callable
@@ -21,6 +22,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
 
 from pipeline.config.app import parse_config
 from pipeline.config.loader import ConfigError, ConfigIssue
@@ -64,6 +68,34 @@ def _sync_directory(folder: Path) -> None:
         os.close(descriptor)
 
 
+def _round_trip_yaml() -> YAML:
+    """ruamel.yaml in round-trip mode: comments, order, quotes and this project's layout kept, `null` written out."""
+    handler = YAML()
+    handler.preserve_quotes = True
+    handler.width = 4096  # never fold a long line
+    handler.indent(mapping=2, sequence=4, offset=2)
+    handler.representer.add_representer(
+        type(None), lambda representer, _: representer.represent_scalar("tag:yaml.org,2002:null", "null"))
+    return handler
+
+
+def with_camera_enabled(text: str, camera: str, enabled: bool) -> str:
+    """`text` with `enabled:` of the camera named `camera` set, everything else (comments included) as it was.
+    KeyError when no camera has that name."""
+    handler = _round_trip_yaml()
+    data = handler.load(text)
+    cameras = data.get("cameras") if hasattr(data, "get") else None
+    for entry in cameras or []:
+        if hasattr(entry, "get") and entry.get("name") == camera:
+            entry["enabled"] = enabled
+            break
+    else:
+        raise KeyError(camera)
+    out = io.StringIO()
+    handler.dump(data, out)
+    return out.getvalue()
+
+
 def backup_path(path: Path) -> Path:
     return path.with_name(path.name + ".bak")
 
@@ -97,6 +129,17 @@ class ConfigEditor:
         except ConfigError as exc:
             return exc.issues
         return []
+
+    def set_camera_enabled(self, camera: str, enabled: bool) -> SaveResult:
+        """The page's camera switch: the file with that camera's `enabled:` changed, saved like any edit."""
+        try:
+            text = with_camera_enabled(self.read(), camera, enabled)
+        except KeyError:
+            return SaveResult(404, {"error": f"no camera named {camera!r} in {self.path}"})
+        except YAMLError as exc:  # the file on disk no longer parses: the editor shows why
+            return SaveResult(422, {"result": "invalid", "errors": [
+                {"line": None, "key": "", "message": str(exc), "text": f"{self.path}: cannot edit it: {exc}"}]})
+        return self.save(text)
 
     def save(self, text: str, wait_s: float = RELOAD_WAIT_S) -> SaveResult:
         """Check, write (the old file kept as FILE.bak), reload and report; 422 with every problem and nothing

@@ -16,6 +16,7 @@ frame read from the preview store. Anything that takes a lock or draws pixels ru
 | GET /api/config | the configuration file as text (YAML) |
 | POST /api/config/check | the text in the body checked as the file: 200 {"errors": []} or 422 {"errors": [...]} |
 | PUT /api/config | the body saved as the file and reloaded: 200 with the reload's outcome, 422 with every error (nothing written), 403 when server.config_editor is false |
+| POST /api/cameras/{camera}/enabled | {"enabled": bool}: that camera's `enabled:` set in the file (comments kept), saved and reloaded as PUT /api/config |
 
 With `server.token` set, every path but /healthz needs `Authorization: Bearer TOKEN` or `?token=TOKEN`. A browser
 that opens / without it gets the token page (static/login.html, still a 401) instead of a JSON 401, which API clients
@@ -157,6 +158,7 @@ class StatusServer:
         app.router.add_get("/api/config", self._config_text)
         app.router.add_post("/api/config/check", self._config_check)
         app.router.add_put("/api/config", self._config_save)
+        app.router.add_post("/api/cameras/{camera}/enabled", self._camera_switch)
         app.router.add_static("/static", STATIC_DIR, append_version=False)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S)
         await self._runner.setup()
@@ -251,6 +253,24 @@ class StatusServer:
         if result.status == 200:
             log.info("configuration saved from the status page (%s): %s", self._editor.path,
                      result.body["reload"].get("result"))
+        return web.json_response(result.body, status=result.status, headers=NO_CACHE)
+
+    async def _camera_switch(self, request: web.Request) -> web.Response:
+        """The page's on/off switch of a camera: {"enabled": bool} written into the file like any edit, then applied."""
+        if self._editor is None:
+            return self._no_editor()
+        try:
+            wanted = (await request.json())["enabled"]
+        except (ValueError, KeyError, TypeError):
+            wanted = None
+        if not isinstance(wanted, bool):
+            return web.json_response({"error": 'send {"enabled": true} or {"enabled": false}'}, status=400,
+                                     headers=NO_CACHE)
+        camera = request.match_info["camera"]
+        result = await asyncio.get_running_loop().run_in_executor(None, self._editor.set_camera_enabled, camera,
+                                                                  wanted)
+        if result.status == 200:
+            log.info("camera %s %s from the status page", camera, "enabled" if wanted else "disabled")
         return web.json_response(result.body, status=result.status, headers=NO_CACHE)
 
     async def _preview_jpeg(self, request: web.Request) -> web.Response:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.core.redact import mask_secrets
 from pipeline.inference.perception import RESULT_TIMEOUT_S
 from pipeline.service.snapshot import (
     CameraView,
@@ -192,8 +193,17 @@ def _model_status(model: ModelView, cfg: Any) -> dict[str, Any]:
     }
 
 
+def _disabled_cameras(snapshot: DaemonSnapshot) -> list[dict[str, Any]]:
+    """Cameras the configuration lists with `enabled: false`: shown (greyed, with a switch), not analysed."""
+    running = set(snapshot.camera_names)
+    return [{"name": cam.name, "state": "disabled", "quality": "disabled", "enabled": False,
+             "source": mask_secrets(str(cam.source))}
+            for cam in snapshot.cfg.cameras if not cam.enabled and cam.name not in running]
+
+
 def _camera_status(cam: CameraView) -> dict[str, Any]:
     entry = cam.health.as_dict()
+    entry["enabled"] = True
     entry["stall_s"] = cam.stall_s
     entry["fps_max"] = cam.fps_max
     entry["latency_ms"] = round(cam.latency_ms, 1)
@@ -239,7 +249,7 @@ def status_document(snapshot: DaemonSnapshot, now: float | None = None) -> dict[
                    "loaded_at": round(snapshot.config_loaded_at, 3),
                    "last_reload": dict(snapshot.last_reload) if snapshot.last_reload else None,
                    "editor": snapshot.cfg.server.config_editor and snapshot.config_path is not None},
-        "cameras": [_camera_status(cam) for cam in snapshot.cameras],
+        "cameras": [_camera_status(cam) for cam in snapshot.cameras] + _disabled_cameras(snapshot),
         "models": _models_status(snapshot),
         "sinks": sinks,
         "websocket": {"enabled": snapshot.ws_enabled, "clients": snapshot.ws_clients,

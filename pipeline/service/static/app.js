@@ -48,15 +48,21 @@ function tileFor(name) {
   const head = el("div", "tile-head");
   const state = el("span", "badge state");
   const quality = el("span", "badge quality");
-  head.append(el("span", "name", name), state, quality);
+  const toggle = el("input", "switch");
+  toggle.type = "checkbox";
+  toggle.title = "camera on/off: saved in the configuration file and applied";
+  toggle.addEventListener("change", () => switchCamera(name, toggle));
+  head.append(el("span", "name", name), state, quality, toggle);
   const frame = el("div", "frame", "waiting for a frame…");
+  frame.title = "click to enlarge";
+  frame.addEventListener("click", () => root.classList.toggle("large"));
   const img = el("img", "preview");
   img.alt = "annotated preview of " + name;
   const figures = el("div", "figures");
   const failure = el("div", "failure");
   root.append(head, frame, figures, failure);
   $("#tiles").append(root);
-  tile = { root, img, frame, state, quality, figures, failure, shown: false };
+  tile = { root, img, frame, state, quality, figures, failure, toggle, shown: false };
   tiles.set(name, tile);
   return tile;
 }
@@ -72,6 +78,20 @@ function renderCameras(cameras, previewFps) {
   }
   for (const cam of cameras) {
     const tile = tileFor(cam.name);
+    const disabled = cam.state === "disabled";
+    tile.root.classList.toggle("disabled", disabled);
+    if (!tile.toggle.disabled) tile.toggle.checked = !disabled;
+    if (disabled) {
+      tile.state.textContent = "disabled";
+      tile.state.className = "badge state disabled";
+      tile.quality.textContent = "";
+      tile.quality.className = "badge quality";
+      tile.figures.textContent = `enabled: false in the configuration · ${cam.source}`;
+      tile.failure.textContent = "";
+      tile.frame.replaceChildren(document.createTextNode("disabled"));
+      tile.shown = false;
+      continue;
+    }
     tile.state.textContent = cam.state;
     tile.state.className = "badge state " + cam.state;
     tile.quality.textContent = cam.quality;
@@ -86,6 +106,28 @@ function renderCameras(cameras, previewFps) {
       `${cam.state === "streaming" ? "last failure" : "failing"} ${clock(cam.last_failure_ts)}: ${cam.last_failure}` : "";
     tile.failure.classList.toggle("current", Boolean(cam.last_failure) && cam.state !== "streaming");
     if (previewFps <= 0 && !tile.shown) tile.frame.textContent = "previews disabled (server.preview_fps: 0)";
+  }
+}
+
+async function switchCamera(name, toggle) {
+  toggle.disabled = true;
+  const tile = tiles.get(name);
+  try {
+    const response = await fetch(`api/cameras/${encodeURIComponent(name)}/enabled`, {
+      method: "POST", headers: { ...headers, "Content-Type": "application/json" },
+      body: JSON.stringify({ enabled: toggle.checked }), cache: "no-store" });
+    const body = await response.json();
+    if (!response.ok) {
+      toggle.checked = !toggle.checked;
+      const errors = body.errors ? body.errors.map((e) => e.text).join("; ") : body.error;
+      tile.failure.textContent = `switch refused: ${errors}`;
+      tile.failure.classList.add("current");
+    } else if (body.reload && body.reload.result !== "applied") {
+      tile.failure.textContent = `saved, reload ${body.reload.result}: ${(body.reload.errors || []).join("; ")}`;
+    }
+  } finally {
+    toggle.disabled = false;
+    refresh();
   }
 }
 
