@@ -229,6 +229,39 @@ def test_reload_reopens_outputs_when_the_rules_presets_change() -> None:
     assert not plan_reload(parse_config(base), parse_config(calmer)).outputs
 
 
+def test_a_vmc_stream_counts_every_bundle_and_says_where_it_sends() -> None:
+    """Issue 26: the page said `sent 1` while a VMC receiver got hundreds of bundles. Events and messages are counted
+    apart: one command is one event; every bundle of the stream is a message, as many as the receiver got; the
+    target names host, port, mode and name set. With nothing listening, the failed bundles are counted too."""
+    (happy,) = commands_from_mapper(BehaviorConfig(), ["happy"])
+    with OscReceiver() as receiver:
+        sink = started(OscSink(OscOutput(port=receiver.port, rate_hz=50)))
+        sink.offer(happy)
+        receiver.wait_for(20)
+        sink.close()
+        received = len(receiver.wait_for(10_000, timeout=0.2))
+    assert sink.sent == 1 and sink.failed == 0
+    assert received >= 20 and sink.messages == received, (sink.messages, received)
+    assert sink.target == f"osc 127.0.0.1:{receiver.port} (vmc stream 50 Hz, names vrm1)"
+
+    port = free_udp_port()
+    dead = started(OscSink(OscOutput(port=port, rate_hz=50)))
+    dead.offer(happy)
+    deadline = time.monotonic() + 10
+    while dead.messages_failed < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    dead.close()
+    assert dead.messages_failed >= 3  # each bundle after the first, refused by the closed port, is a failure
+
+
+def free_udp_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def test_vmc_sequence_resets_the_previous_preset_and_ignores_other_events() -> None:
     behavior = BehaviorConfig(rules=FEAR_RULE)
     commands = commands_from_mapper(behavior, ["happy", "fear", "sad", "happy"])

@@ -75,9 +75,15 @@ class OutputSettings(StrictModel):
 
 
 class Sink(ABC):
-    """Receives events on its own thread. Subclasses implement `write` (and may override `open`/`flush_close`)."""
+    """Receives events on its own thread. Subclasses implement `write` (and may override `open`/`flush_close`).
+
+    Two kinds of counters: events (`sent`, `failed`: what `write` delivered or gave up on) and messages (`messages`,
+    `messages_failed`: what went over the wire). They differ where one event is several messages or where a sink
+    sends on its own (a VMC stream's bundles, `rate_hz` a second): such a sink sets `counts_messages` and calls
+    `_count_messages`; for the others each delivered event is one message."""
 
     type_name = "abstract"
+    counts_messages = False
 
     def __init__(self, cfg: Any, queue_size: int = 256) -> None:
         self.cfg = cfg
@@ -86,6 +92,8 @@ class Sink(ABC):
         self.sent = 0
         self.dropped = 0
         self.failed = 0
+        self.messages = 0
+        self.messages_failed = 0
         self._delivery = Delivery()
         self._next_failure_log = 0.0
         self._queue: queue.Queue[Event | None] = queue.Queue(maxsize=queue_size)
@@ -122,11 +130,26 @@ class Sink(ABC):
                 self.write(event)
             except Exception as exc:  # noqa: BLE001 - an output failure must never stop the pipeline
                 self.failed += 1
+                if not self.counts_messages:
+                    self.messages_failed += 1
                 self._failed(exc)
             else:
                 self.sent += 1
+                if not self.counts_messages:
+                    self.messages += 1
                 self._delivered()
         self.flush_close()
+
+    def _count_messages(self, sent: int = 0, failed: int = 0) -> None:
+        """A sink that counts its own messages (`counts_messages`) adds what went out, or failed to."""
+        self.messages += sent
+        self.messages_failed += failed
+
+    @property
+    def target(self) -> str:
+        """Where this output sends, for the status page: its settings' one-line description (credentials masked)."""
+        describe = getattr(self.cfg, "describe", None)
+        return mask_secrets(describe()) if callable(describe) else self.type_name
 
     @property
     def delivery(self) -> Delivery:

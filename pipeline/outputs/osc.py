@@ -273,6 +273,7 @@ class Ticker:
 
 class OscSink(Sink):
     type_name = "osc"
+    counts_messages = True  # datagrams: a command is two plain messages; a VMC stream sends rate_hz bundles a second
 
     def __init__(self, cfg: Any, queue_size: int | None = None, presets: Iterable[str] = ()) -> None:
         """`presets`: the expression names the behaviour rules use (what they become is reset in every VMC bundle)."""
@@ -328,16 +329,20 @@ class OscSink(Sink):
         return self._client
 
     def _send(self, messages: list[Any]) -> None:
-        """Send datagrams; fail when they cannot leave or the receiver refused earlier ones (nothing listens)."""
+        """Send datagrams (each counted: a VMC bundle is one); fail when they cannot leave or the receiver refused
+        earlier ones (nothing listens)."""
         try:
             with self._client_lock:
                 client = self._connect()
                 refused = client.refusal()
                 for message in messages:
                     client.send(message)
+                    self._count_messages(sent=1)
         except OSError as exc:
+            self._count_messages(failed=1)
             raise OSError(f"cannot send to {self.cfg.host}:{self.cfg.port}: {exc.strerror or exc}") from exc
         if refused is not None:
+            self._count_messages(failed=1)  # an earlier datagram came back refused: nothing listens there
             raise ConnectionRefusedError(f"{refused} (is the receiver running?)")
 
     def write(self, event: Event) -> None:

@@ -319,7 +319,8 @@ class Daemon:
 
     def _output_views(self) -> tuple[OutputView, ...]:
         return tuple(OutputView(label, sink.type_name, sink.sent, sink.dropped, sink.failed, sink.is_alive(),
-                                sink.delivery) for label, sink in label_sinks(self.sinks))
+                                sink.delivery, sink.target, sink.messages, sink.messages_failed)
+                     for label, sink in label_sinks(self.sinks))
 
     # ------------------------------------------------------------------ run
 

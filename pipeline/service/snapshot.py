@@ -80,6 +80,9 @@ class OutputView:
     failed: int
     alive: bool
     delivery: Delivery = Delivery()
+    target: str = ""  # where it sends (host:port, URL, name set), credentials masked
+    messages: int = 0  # what went over the wire (a VMC stream's bundles included)
+    messages_failed: int = 0
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ Two kinds of trouble are kept apart on purpose:
 - an *output* problem (a webhook that cannot be reached, an OSC receiver that is gone: events given up on) is the
   outside world's too: /healthz fails (503) naming the output and its last error, the watchdog is still fed.
 
-An output counts as failing once OUTPUT_FAILURES events in a row were not delivered, or when nothing was delivered
+An output counts as failing once OUTPUT_FAILURES deliveries in a row failed (events, or a stream's bundles), or when nothing was delivered
 for OUTPUT_FAILING_S since a delivery failed (an output that gets one command a minute still shows up); it is
 healthy again with its next delivered event. A `websocket` output with no clients connected is not a problem: it
 has nobody to deliver to, which is not a failure (clients come and go; one too slow is dropped and counted in
@@ -81,7 +81,7 @@ def output_problem(out: OutputView, now: float) -> str | None:
     failing_for = max(0.0, now - delivery.failing_since_mono)
     if delivery.failures_in_row < OUTPUT_FAILURES and failing_for < OUTPUT_FAILING_S:
         return None
-    return (f"output {out.label}: {delivery.failures_in_row} event(s) in a row not delivered "
+    return (f"output {out.label}: {delivery.failures_in_row} deliveries in a row failed "
             f"(failing for {failing_for:.0f} s): {delivery.last_error}")
 
 
@@ -216,7 +216,8 @@ def _sink_status(out: OutputView, now: float) -> dict[str, Any]:
     """One output in /api/status: counters, whether it delivers, and its last error (masked by the sink)."""
     delivery = out.delivery
     problem = output_problem(out, now)
-    return {"output": out.label, "type": out.type, "sent": out.sent, "dropped": out.dropped, "failed": out.failed,
+    return {"output": out.label, "type": out.type, "target": out.target, "sent": out.sent, "dropped": out.dropped,
+            "failed": out.failed, "messages_sent": out.messages, "messages_failed": out.messages_failed,
             "alive": out.alive, "healthy": out.alive and problem is None, "problem": problem,
             "failures_in_row": delivery.failures_in_row, "last_error": delivery.last_error,
             "last_error_ts": None if delivery.last_error_ts is None else round(delivery.last_error_ts, 3),

@@ -144,8 +144,10 @@ function renderOutputs(sinks) {
     const state = el("td");
     state.append(el("span", "badge " + (word === "ok" ? "ok" : "failing"), word));
     const error = s.last_error ? `${clock(s.last_error_ts)} ${s.last_error}` : "";
-    row.append(el("td", "", s.output), state, el("td", "", String(s.sent)), el("td", "", String(s.dropped)),
-               el("td", "", String(s.failed)), el("td", "error", error));
+    const failed = s.messages_failed ? `${s.failed} events, ${s.messages_failed} messages` : String(s.failed);
+    row.append(el("td", "", s.output), el("td", "target", s.target || ""), state, el("td", "", String(s.sent)),
+               el("td", "", String(s.messages_sent)), el("td", "", String(s.dropped)), el("td", "", failed),
+               el("td", "", clock(s.last_sent_ts)), el("td", "error", error));
     return row;
   }));
 }
