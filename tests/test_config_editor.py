@@ -80,6 +80,18 @@ def test_config_is_read_checked_saved_and_applied_from_the_api(prepared_models: 
         last = _last_reload(port)
         assert last["trigger"] == "signal" and any("dwell_ms" in e and ":" in e for e in last["errors"]), last
 
+        # "send test expression": the rule's command for that emotion, marked as a test, then neutral again
+        status, body, _ = _call(port, "POST", "/api/streams/lobby/test", json.dumps({"expression": "surprise"}))
+        assert status == 200 and body["sent"]["reason"] == "test", body
+        assert wait_until(lambda: any(e["reason"] == "test" and e["emotion"] == "surprise"
+                                      for e in daemon.of("command")), 10)
+        lobby = next(a for a in _call(port, "GET", "/api/status")[1]["avatars"] if a["name"] == "lobby")
+        assert lobby["kind"] == "camera" and lobby["current"] is not None
+        assert wait_until(lambda: any(e["reason"] == "test" and e["emotion"] == "neutral"
+                                      for e in daemon.of("command")), 15)
+        assert _call(port, "POST", "/api/streams/nobody/test", json.dumps({"expression": "happy"}))[0] == 404
+        assert _call(port, "POST", "/api/streams/lobby/test", "{}")[0] == 400
+
         # read-only mode, applied through the editor itself
         status, body, _ = _call(port, "PUT", "/api/config", edited.replace(f"token: {TOKEN}",
                                                                            f"token: {TOKEN}, config_editor: false"))

@@ -254,6 +254,25 @@ def test_a_vmc_stream_counts_every_bundle_and_says_where_it_sends() -> None:
     assert dead.messages_failed >= 3  # each bundle after the first, refused by the closed port, is a failure
 
 
+def test_send_test_moves_a_vmc_avatar_then_returns_it_to_neutral(tmp_path: Path) -> None:
+    """`run_pipeline.py send-test`: with no camera and no model, the rules' happy command reaches a real VMC
+    receiver, then neutral; an unknown avatar is exit 2 naming the ones there are."""
+    with OscReceiver() as receiver:
+        config = tmp_path / "config.yaml"
+        config.write_text("cameras: [{name: kiosk, source: demo}]\n"
+                          f"outputs: [{{type: osc, port: {receiver.port}, mode: commands}}]\n"
+                          "server: {enabled: false}\n")
+        done = run_cli("send-test", "--config", str(config), "--expression", "happy", "--hold-s", "0.3", timeout=60)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert f"127.0.0.1:{receiver.port}" in done.stdout
+        packets = receiver.wait_for(2)
+    weights = [{args[0]: args[1] for address, args in messages if address == VMC_VAL} for _, messages in packets]
+    assert len(weights) == 2 and weights[0]["happy"] > 0.5 and weights[1]["happy"] == 0.0, weights
+    assert weights[1]["neutral"] > 0.5
+    wrong = run_cli("send-test", "--config", str(config), "--avatar", "hall", timeout=60)
+    assert wrong.returncode == 2 and "kiosk" in wrong.stderr
+
+
 def free_udp_port() -> int:
     import socket
 

@@ -172,6 +172,18 @@ def test_config_is_edited_checked_and_applied_from_the_page(prepared_models: Non
         assert "disabled" not in hall.get_attribute("class")
         text = config.read_text()
         assert "enabled: true" in text and "# the side door" in text and "fps: 6" in text, text
+
+        card = browser.find_element(By.CSS_SELECTOR, '.avatar[data-stream="lobby"]')
+        from selenium.webdriver.support.ui import Select
+
+        Select(card.find_element(By.TAG_NAME, "select")).select_by_value("sad")
+        card.find_element(By.CSS_SELECTOR, "button.send-trial").click()
+        assert wait_until(lambda: card.find_element(By.CSS_SELECTOR, ".outcome").text.startswith("sent sad"), 30), \
+            card.find_element(By.CSS_SELECTOR, ".outcome").text
+        # what the stream was last told (the test, unless the camera's own faces spoke since)
+        assert wait_until(lambda: ":" in card.find_element(By.CSS_SELECTOR, ".state").text, 30)
+        assert wait_until(lambda: any(e["reason"] == "test" and e["emotion"] == "sad" for e in daemon.of("command")),
+                          10)
         code, _ = daemon.terminate()
         assert code == 0
     finally:

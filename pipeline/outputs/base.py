@@ -145,6 +145,11 @@ class Sink(ABC):
         self.messages += sent
         self.messages_failed += failed
 
+    def streamed_weights(self) -> dict[str, float] | None:
+        """The expression weights this output streams right now (a VMC stream), None for an output that does not
+        stream; for the status page's view of the avatar."""
+        return None
+
     @property
     def target(self) -> str:
         """Where this output sends, for the status page: its settings' one-line description (credentials masked)."""

@@ -396,6 +396,13 @@ class OscSink(Sink):
         """One command as one bundle: its expression's names at their weights, every other known name at 0."""
         return self.bundle(self.command_weights(command))
 
+    def streamed_weights(self) -> dict[str, float] | None:
+        """Stream mode: the weights the next bundle carries (names above 0.001)."""
+        if self.cfg.protocol != "vmc" or self.cfg.mode != "stream":
+            return None
+        weights = self.stream.weights(time.monotonic())
+        return {name: round(value, 3) for name, value in weights.items() if value > 0.001}
+
     def _send_frame(self) -> None:
         """Stream mode, on the ticker: the current weights as one bundle."""
         now = time.monotonic()

@@ -44,6 +44,7 @@ from pipeline.outputs.events import (
 )
 from pipeline.outputs.websocket import EventHub
 from pipeline.service.config_editor import ConfigEditor
+from pipeline.service.trial import send_trial, streams
 from pipeline.service.cameras import (
     Camera,
     DropCounter,
@@ -190,7 +191,7 @@ class Daemon:
     def new_server(self, cfg: AppConfig) -> StatusServer:
         """A status server (not started) for `cfg.server`, given only what it serves, never the daemon."""
         return StatusServer(cfg.server, self.snapshot, self.metrics.render, self.hub, self.previews,
-                            self.config_editor())
+                            self.config_editor(), self.send_trial)
 
     def new_groups(self, cfg: AppConfig) -> list[CameraGroup]:
         """The camera group processes of `cfg` with their models loaded, cameras not yet started (each group's go())."""
@@ -278,6 +279,13 @@ class Daemon:
             self.commands_sent += 1
             self.bus.publish(event)
 
+    def send_trial(self, stream: str, expression: str, weight: float | None = None) -> Event:
+        """The status page's "send test expression": the rules' command for `expression` to `stream`'s outputs now,
+        neutral again after a few seconds (pipeline.service.trial). UnknownStream for a name that is not there."""
+        command = send_trial(self.cfg, lambda c: self._publish_commands([c]), stream, expression, weight)
+        log.info("test expression %s sent to %s", expression, stream)
+        return command_event(command)
+
     def ws_snapshot(self) -> Event:
         """What a /ws client gets first (on the server's loop, so only plain reads): every camera's state and each
         stream's (avatar's, or a camera's in no avatar) current command, None before the first."""
@@ -300,6 +308,7 @@ class Daemon:
             config_path=str(self.config_path) if self.config_path else None,
             config_loaded_at=self.config_loaded_at, reloads=dict(self.reloads), commands_sent=self.commands_sent,
             last_reload=dict(self.last_reload) if self.last_reload else None,
+            streams=tuple(streams(cfg)), current=dict(self.current),
             recent_commands=tuple(self.recent_commands),
             observations_dropped=self.counters.observations_dropped + sum(g.observations_dropped for g in self.groups),
             preview_fps=cfg.server.preview_fps, preview_renders=self.previews.renders, ws_enabled=self.hub.enabled,
@@ -319,7 +328,8 @@ class Daemon:
 
     def _output_views(self) -> tuple[OutputView, ...]:
         return tuple(OutputView(label, sink.type_name, sink.sent, sink.dropped, sink.failed, sink.is_alive(),
-                                sink.delivery, sink.target, sink.messages, sink.messages_failed)
+                                sink.delivery, sink.target, sink.messages, sink.messages_failed,
+                                sink.streamed_weights())
                      for label, sink in label_sinks(self.sinks))
 
     # ------------------------------------------------------------------ run

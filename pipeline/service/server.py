@@ -16,6 +16,7 @@ frame read from the preview store. Anything that takes a lock or draws pixels ru
 | GET /api/config | the configuration file as text (YAML) |
 | POST /api/config/check | the text in the body checked as the file: 200 {"errors": []} or 422 {"errors": [...]} |
 | PUT /api/config | the body saved as the file and reloaded: 200 with the reload's outcome, 422 with every error (nothing written), 403 when server.config_editor is false |
+| POST /api/streams/{stream}/test | {"expression": "happy"}: that emotion's command (or an expression at weight 1) sent to one avatar's (or camera's) outputs, neutral after 3 s |
 | POST /api/cameras/{camera}/enabled | {"enabled": bool}: that camera's `enabled:` set in the file (comments kept), saved and reloaded as PUT /api/config |
 
 With `server.token` set, every path but /healthz needs `Authorization: Bearer TOKEN` or `?token=TOKEN`. A browser
@@ -79,9 +80,11 @@ class StatusServer:
     """
 
     def __init__(self, cfg: ServerConfig, snapshot: Callable[[], DaemonSnapshot], metrics: Callable[[], bytes],
-                 hub: EventHub, previews: PreviewStore, editor: ConfigEditor | None = None) -> None:
+                 hub: EventHub, previews: PreviewStore, editor: ConfigEditor | None = None,
+                 trial: Callable[[str, str, float | None], dict[str, Any]] | None = None) -> None:
         self.cfg = cfg
         self._editor = editor
+        self._trial = trial
         self._snapshot = snapshot
         self._render_metrics = metrics
         self._hub = hub
@@ -159,6 +162,7 @@ class StatusServer:
         app.router.add_post("/api/config/check", self._config_check)
         app.router.add_put("/api/config", self._config_save)
         app.router.add_post("/api/cameras/{camera}/enabled", self._camera_switch)
+        app.router.add_post("/api/streams/{stream}/test", self._send_trial)
         app.router.add_static("/static", STATIC_DIR, append_version=False)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S)
         await self._runner.setup()
@@ -272,6 +276,26 @@ class StatusServer:
         if result.status == 200:
             log.info("camera %s %s from the status page", camera, "enabled" if wanted else "disabled")
         return web.json_response(result.body, status=result.status, headers=NO_CACHE)
+
+    async def _send_trial(self, request: web.Request) -> web.Response:
+        """The page's "send test expression": {"expression": "happy"} (an emotion, or an expression name) to one
+        avatar or camera stream; 200 with the command sent, 404 for an unknown stream or name."""
+        from pipeline.service.trial import UnknownStream
+
+        if self._trial is None:
+            return web.json_response({"error": "no behaviour here"}, status=404, headers=NO_CACHE)
+        try:
+            body = await request.json()
+            expression, weight = str(body["expression"]), body.get("weight")
+            weight = None if weight is None else float(weight)
+        except (ValueError, KeyError, TypeError):
+            return web.json_response({"error": 'send {"expression": "happy"} (and optionally "weight": 0..1)'},
+                                     status=400, headers=NO_CACHE)
+        try:
+            command = await self._in_pool(self._trial, request.match_info["stream"], expression, weight)
+        except UnknownStream as exc:
+            return web.json_response({"error": str(exc)}, status=404, headers=NO_CACHE)
+        return web.json_response({"sent": command}, headers=NO_CACHE)
 
     async def _preview_jpeg(self, request: web.Request) -> web.Response:
         name = request.match_info["camera"]

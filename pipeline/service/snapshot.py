@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pipeline.inference.backend import BackendHealth, runner_health
@@ -83,6 +83,7 @@ class OutputView:
     target: str = ""  # where it sends (host:port, URL, name set), credentials masked
     messages: int = 0  # what went over the wire (a VMC stream's bundles included)
     messages_failed: int = 0
+    streamed: Mapping[str, float] | None = None  # the weights a VMC stream sends now; None when it does not stream
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,8 @@ class DaemonSnapshot:
     models: tuple[ModelView, ...] = ()
     outputs: tuple[OutputView, ...] = ()
     last_reload: Mapping[str, Any] | None = None  # the newest reload's outcome (result, at, trigger, changes, errors)
+    streams: tuple[str, ...] = ()  # the command streams: each avatar, then each camera in no avatar
+    current: Mapping[str, Any] = field(default_factory=dict)  # stream → its last command (current_json)
 
     def has_camera(self, name: str) -> bool:
         """Whether a camera of that name runs (the status server's 404 check)."""

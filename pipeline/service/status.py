@@ -216,7 +216,8 @@ def _sink_status(out: OutputView, now: float) -> dict[str, Any]:
     """One output in /api/status: counters, whether it delivers, and its last error (masked by the sink)."""
     delivery = out.delivery
     problem = output_problem(out, now)
-    return {"output": out.label, "type": out.type, "target": out.target, "sent": out.sent, "dropped": out.dropped,
+    return {"output": out.label, "type": out.type, "target": out.target, "streamed": out.streamed,
+            "sent": out.sent, "dropped": out.dropped,
             "failed": out.failed, "messages_sent": out.messages, "messages_failed": out.messages_failed,
             "alive": out.alive, "healthy": out.alive and problem is None, "problem": problem,
             "failures_in_row": delivery.failures_in_row, "last_error": delivery.last_error,
@@ -258,7 +259,22 @@ def status_document(snapshot: DaemonSnapshot, now: float | None = None) -> dict[
         "observations_dropped": snapshot.observations_dropped,
         "preview_fps": snapshot.preview_fps,
         "recent_commands": list(snapshot.recent_commands)[::-1],
+        "avatars": _avatars_status(snapshot),
     }
+
+
+def _avatars_status(snapshot: DaemonSnapshot) -> list[dict[str, Any]]:
+    """Each command stream (avatar, or camera in no avatar): what it was last told, and what each VMC stream of it
+    sends now (an avatar's own outputs, and the top-level ones, which carry every stream)."""
+    avatars = {a.name for a in snapshot.cfg.avatars}
+    rows = []
+    for name in snapshot.streams:
+        own = [out for out in snapshot.outputs if out.streamed is not None
+               and (out.label.startswith(f"{name}.") or "." not in out.label)]
+        rows.append({"name": name, "kind": "avatar" if name in avatars else "camera",
+                     "current": snapshot.current.get(name),
+                     "streamed": {out.label: dict(out.streamed or {}) for out in own}})
+    return rows
 
 
 def status_line(snapshot: DaemonSnapshot) -> str:

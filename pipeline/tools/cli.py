@@ -217,6 +217,18 @@ def build_parser() -> argparse.ArgumentParser:
     schema.add_argument("--markdown", type=Path, default=None, metavar="FILE",
                         help="also write the key reference as Markdown (the repository's copy: docs/config.md)")
 
+    trial = sub.add_parser("send-test", parents=[common],
+                           help="send one test expression to an avatar's outputs (no camera, no model), then neutral")
+    trial.add_argument("--config", type=Path, default=DEFAULT_CONFIG, metavar="PATH",
+                       help="YAML config whose outputs and rules are used (default: config/default.yaml)")
+    trial.add_argument("--expression", default="happy",
+                       help="an emotion (its rule's expression and tone: happy, sad, angry, surprise, fear, disgust, "
+                            "neutral) or an expression name at --weight (default happy)")
+    trial.add_argument("--avatar", default=None, metavar="NAME",
+                       help="the avatar (or camera in no avatar) whose outputs get it (default: the first)")
+    trial.add_argument("--weight", type=float, default=None, help="the expression's weight, 0..1 (default: the rule's)")
+    trial.add_argument("--hold-s", type=float, default=3.0, help="seconds before neutral is sent (default 3)")
+
     prep = sub.add_parser("prepare-models", parents=[common], help="obtain, convert and verify the models into models/")
     prep.add_argument("--precision", default="fp32", help="comma-separated: fp32,fp16,int8 (default fp32)")
     prep.add_argument("--calib", type=Path, default=None, help="folder of face images for int8 calibration")
@@ -322,10 +334,25 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_send_test(args: argparse.Namespace) -> int:
+    """Open the config's outputs, send the test command and neutral after --hold-s; exit 2 for an unknown name."""
+    from pipeline.service.trial import UnknownStream, send_trial_from_config
+
+    try:
+        reached = send_trial_from_config(args.config, args.avatar, args.expression, args.weight, args.hold_s)
+    except UnknownStream as exc:
+        print(f"send-test: {exc}", file=sys.stderr)
+        return 2
+    for line in reached:
+        print(f"sent {args.expression} to {line}")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run,
     "check-config": cmd_check_config,
     "schema": cmd_schema,
+    "send-test": cmd_send_test,
     "prepare-models": cmd_prepare_models,
     "build-engine": cmd_build_engine,
     "analyze": cmd_analyze,

@@ -186,6 +186,7 @@ async function refresh() {
     renderOutputs(status.sinks);
     renderCommands(status.recent_commands);
     renderReload(status.config);
+    renderAvatars(status.avatars || []);
   } catch (error) {
     $("#overall").textContent = "unreachable";
     $("#overall").className = "badge failing";
@@ -216,6 +217,74 @@ function connectPreviews() {
     showPreview(new TextDecoder().decode(bytes.subarray(0, split)), bytes.subarray(split + 1));
   };
   socket.onclose = () => setTimeout(connectPreviews, 2000);
+}
+
+// --- avatars: what each stream was last told, what its VMC streams send now, and a test expression ---
+
+const EMOTIONS = ["happy", "sad", "angry", "surprise", "fear", "disgust", "neutral"];
+const avatarCards = new Map(); // stream name -> {root, state, weights, outcome}
+
+function avatarCard(stream) {
+  let card = avatarCards.get(stream.name);
+  if (card) return card;
+  const root = el("article", "avatar");
+  root.dataset.stream = stream.name;
+  const state = el("div", "state");
+  const weights = el("div", "weights");
+  const pick = el("select");
+  pick.append(...EMOTIONS.map((name) => { const o = el("option", "", name); o.value = name; return o; }));
+  const send = el("button", "send-trial", "Send test expression");
+  send.type = "button";
+  const outcome = el("span", "muted outcome");
+  send.addEventListener("click", () => sendTrial(stream.name, pick.value, outcome));
+  const trial = el("div", "trial");
+  trial.append(pick, send, outcome);
+  root.append(el("span", "name", `${stream.name} (${stream.kind})`), state, weights, trial);
+  $("#avatars").append(root);
+  card = { root, state, weights, outcome };
+  avatarCards.set(stream.name, card);
+  return card;
+}
+
+function renderAvatars(streams) {
+  const names = new Set(streams.map((s) => s.name));
+  for (const [name, card] of avatarCards) {
+    if (!names.has(name)) { card.root.remove(); avatarCards.delete(name); }
+  }
+  for (const stream of streams) {
+    const card = avatarCard(stream);
+    const c = stream.current;
+    card.state.textContent = c
+      ? `${c.emotion}: ${c.expression.preset} ${fmt(c.expression.weight, 2)} · tone ${c.tone.style} ` +
+        `(pitch ${c.tone.pitch}, rate ${c.tone.rate}) · since ${clock(c.ts)}`
+      : "no command yet";
+    const rows = [];
+    for (const [output, weights] of Object.entries(stream.streamed)) {
+      rows.push(el("div", "muted", `${output} streams:`));
+      const entries = Object.entries(weights);
+      if (!entries.length) rows.push(el("div", "muted", "all expressions at 0"));
+      for (const [name, value] of entries) {
+        const row = el("div", "weight");
+        const bar = el("div", "bar");
+        bar.style.width = `${Math.round(value * 160)}px`;
+        row.append(el("span", "label", name), bar, el("span", "", fmt(value, 2)));
+        rows.push(row);
+      }
+    }
+    card.weights.replaceChildren(...rows);
+  }
+}
+
+async function sendTrial(stream, expression, outcome) {
+  outcome.textContent = "sending…";
+  const response = await fetch(`api/streams/${encodeURIComponent(stream)}/test`, {
+    method: "POST", headers: { ...headers, "Content-Type": "application/json" },
+    body: JSON.stringify({ expression }), cache: "no-store" });
+  const body = await response.json();
+  outcome.textContent = response.ok
+    ? `sent ${body.sent.expression.preset} ${fmt(body.sent.expression.weight, 2)}; neutral again in 3 s`
+    : body.error;
+  refresh();
 }
 
 // --- the configuration: the last reload's outcome, and the file in an editor checked by the daemon's own loader ---
