@@ -14,7 +14,11 @@ photos), so a model's hold-out figures come from the pipeline's own preprocessin
 command.
 
 Everything the operator reads besides the JSON lines goes to stderr: a progress bar when stderr is a terminal
-(a long video otherwise gives no sign of life for half a minute), warnings, and the summary.
+(a long video otherwise gives no sign of life for half a minute), warnings, and the summary. The summary is a table
+(`pipeline.tools.analyze_table`) when stderr is a terminal, where a person reads it, and otherwise today's
+`summary: {JSON}` line, which scripts and tests parse; --table and --json choose either. Which detector input each
+image got is logged per file at DEBUG only (a folder of photos of fifty sizes gave fifty INFO lines), and once for the
+run at INFO.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from pipeline.inference.perception import (
 )
 from pipeline.modelprep.manifest import load_manifest
 from pipeline.outputs.events import face_json
+from pipeline.tools.analyze_table import format_summary_table, shown_sizes
 from pipeline.tools.fer_npz import (
     HOLDOUT_FRACTION,
     HOLDOUT_SEED,
@@ -61,6 +66,7 @@ log = logging.getLogger(__name__)
 
 DetectorInput = tuple[int, int] | Literal["auto"]  # --detector-input: WxH or auto
 Bundles = list[tuple[Path, CropBundle]]  # the .npz inputs, loaded
+SummaryForm = Literal["auto", "json", "table"]  # --json, --table, or auto: a table when stderr is a terminal
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"}
 VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg"}
@@ -285,8 +291,9 @@ class Analyzer:
             log.error("%s: unreadable video (unsupported format, corrupt or empty)", path)
 
     def _note_input(self, path: Path, image: np.ndarray, new_source: bool) -> None:
-        """Count the detector input this image or frame gets, and say it per source: for each video, and for images
-        once per image size (a folder of photos of one size logs one line)."""
+        """Count the detector input this image or frame gets, and say it per source at DEBUG: for each video, and for
+        images once per image size. At INFO a folder of photos of many sizes gave a line per photo before the summary;
+        `_log_detector_inputs` says it once for the run instead."""
         if not isinstance(self.models, Perception):
             return
         height, width = image.shape[:2]
@@ -294,7 +301,7 @@ class Analyzer:
         self.summary.detector_inputs[f"{size[0]}x{size[1]}"] += 1
         if new_source or (width, height) not in self._frame_sizes:
             self._frame_sizes.add((width, height))
-            log.info("%s: %dx%d frames, detector input %dx%d", path, width, height, *size)
+            log.debug("%s: %dx%d frames, detector input %dx%d", path, width, height, *size)
 
     def _faces(self, image: np.ndarray, stored_margin: float | None = None) -> list[FaceResult]:
         if not isinstance(self.models, Perception):  # --cropped: the image is the face
@@ -430,6 +437,26 @@ def _warn_about_results(summary: Summary, min_face_px: int) -> None:
                     "(already face crops? use --cropped): %s", len(summary.too_small), min_face_px, shown)
 
 
+def _log_detector_inputs(summary: Summary) -> None:
+    """The detector inputs of the run in one INFO line (each file's is at DEBUG)."""
+    if not summary.detector_inputs:
+        return  # --cropped: no detector
+    sizes = list(summary.detector_inputs)
+    analysed = sum(summary.detector_inputs.values())
+    log.info("detector input for %d image(s) and frame(s): %s%s", analysed, shown_sizes(sizes),
+             " (--log-level debug names each file's)" if len(sizes) > 1 else "")
+
+
+def print_summary(summary: Summary, form: SummaryForm = "auto") -> None:
+    """The summary on stderr: a table where a person reads it (stderr a terminal, or --table), else the one
+    `summary: {JSON}` line scripts parse (unchanged since before the table, so they keep working)."""
+    as_table = form == "table" or (form == "auto" and _is_terminal(sys.stderr))
+    if as_table:
+        print(format_summary_table(summary.as_dict()), file=sys.stderr)
+    else:
+        print("summary: " + json.dumps(summary.as_dict()), file=sys.stderr)
+
+
 def _load_models(cfg: AppConfig, cropped: bool, detector_input_given: bool) -> Perception | CroppedModels:
     """The models the run needs, saying which detector input is used (`bench analyze` has its own default)."""
     if cropped:
@@ -489,7 +516,7 @@ def _analyze_all(analyzer: Analyzer, inputs: Inputs, bundles: Bundles) -> None:
 
 def run_analyze(cfg: AppConfig, paths: list[Path], every: int = 1, cropped: bool = False,
                 crop: str | None = None, detector_input: DetectorInput | None = None,
-                only_holdout: bool = False) -> int:
+                only_holdout: bool = False, summary_form: SummaryForm = "auto") -> int:
     """The `analyze` command: 0 when every input was analysed, 2 (SPEC: bad input) when one is missing or
     unreadable, or when nothing at all could be read (a summary of zeros would look like a result)."""
     try:
@@ -515,5 +542,6 @@ def run_analyze(cfg: AppConfig, paths: list[Path], every: int = 1, cropped: bool
         print(f"error: nothing could be read: all {len(inputs.items)} input(s) are unreadable", file=sys.stderr)
         return EXIT_BAD_INPUT
     _warn_about_results(summary, cfg.detector.min_face_px)
-    print("summary: " + json.dumps(summary.as_dict()), file=sys.stderr)
+    _log_detector_inputs(summary)
+    print_summary(summary, summary_form)
     return EXIT_BAD_INPUT if summary.unreadable else 0
