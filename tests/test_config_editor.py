@@ -80,6 +80,15 @@ def test_config_is_read_checked_saved_and_applied_from_the_api(prepared_models: 
         last = _last_reload(port)
         assert last["trigger"] == "signal" and any("dwell_ms" in e and ":" in e for e in last["errors"]), last
 
+        # the history keeps the reloads and the camera's changes; the log view the rejection's ERROR lines
+        reloads = _call(port, "GET", "/api/history?types=config")[1]["events"]
+        assert [e["status"] for e in reloads[:2]] == ["rejected", "applied"], reloads
+        cameras = _call(port, "GET", "/api/history?types=camera&q=lobby")[1]["events"]
+        assert cameras and all(e["type"] == "camera" and e["camera"] == "lobby" for e in cameras)
+        assert _call(port, "GET", "/api/history?types=camera&q=nobody")[1]["events"] == []
+        lines = _call(port, "GET", "/api/logs")[1]["lines"]
+        assert any(line["level"] == "error" and "rejected" in line["message"] for line in lines), lines
+
         # "send test expression": the rule's command for that emotion, marked as a test, then neutral again
         status, body, _ = _call(port, "POST", "/api/streams/lobby/test", json.dumps({"expression": "surprise"}))
         assert status == 200 and body["sent"]["reason"] == "test", body

@@ -162,6 +162,9 @@ def test_config_is_edited_checked_and_applied_from_the_page(prepared_models: Non
         assert config.read_text() == original.replace("fps: 5", "fps: 6")
         assert (tmp_path / "config.yaml.bak").read_text() == original
         assert wait_until(lambda: "Configuration applied" in browser.find_element(By.ID, "reload").text, 30)
+        assert wait_until(lambda: any("applied" in row.text for row in
+                                      browser.find_elements(By.CSS_SELECTOR, '#history tbody tr[data-type="config"]')),
+                          30), browser.find_element(By.ID, "history").text
 
         hall = browser.find_element(By.CSS_SELECTOR, '.tile[data-camera="hall"]')
         assert "disabled" in hall.get_attribute("class") and hall.find_element(By.CSS_SELECTOR, ".state").text == \

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pipeline.core.redact import mask_secrets
 from pipeline.core.settings import StrictModel
 from pipeline.outputs.events import Event
+from pipeline.outputs.history import EventHistory
 
 log = logging.getLogger(__name__)
 
@@ -206,11 +207,14 @@ class Sink(ABC):
 
 
 class EventBus:
-    """Fans every event out to every sink (each filters by type)."""
+    """Fans every event out to every sink (each filters by type), and records it in `history` when given."""
 
-    def __init__(self, sinks: list[Sink]) -> None:
+    def __init__(self, sinks: list[Sink], history: EventHistory | None = None) -> None:
         self.sinks = sinks
+        self.history = history
 
     def publish(self, event: Event) -> None:
+        if self.history is not None:
+            self.history.record(event)
         for sink in self.sinks:
             sink.offer(event)

@@ -42,6 +42,7 @@ from pipeline.outputs.events import (
     observation_event,
     snapshot_event,
 )
+from pipeline.outputs.history import EventHistory
 from pipeline.outputs.websocket import EventHub
 from pipeline.service.config_editor import ConfigEditor
 from pipeline.service.trial import send_trial, streams
@@ -121,7 +122,8 @@ class Daemon:
         self.counters = DropCounter()
         self.perception: Analyzer | None = None
         self.sinks: list[Sink] = []
-        self.bus = EventBus([])
+        self.history = EventHistory()  # the commands, camera changes and reloads the page's history shows
+        self.bus = EventBus([], self.history)
         self.cameras: dict[str, Camera] = {}  # replaced, never mutated: other threads iterate it
         self.groups: list[CameraGroup] = []  # inference.processes > 1: the cameras run in these processes instead
         self.observations = ObservationQueue(OBSERVATION_QUEUE, self.counters)
@@ -171,7 +173,7 @@ class Daemon:
         if not grouped:
             self.perception = load_perception(self.cfg)
         self.sinks = open_all_sinks(self.cfg, self.hub, STOP_BUDGET["outputs"])
-        self.bus = EventBus(self.sinks)
+        self.bus = EventBus(self.sinks, self.history)
         configure_hub(self.hub, self.cfg)
         self.mapper_thread.start()
         self.started = True
@@ -191,7 +193,7 @@ class Daemon:
     def new_server(self, cfg: AppConfig) -> StatusServer:
         """A status server (not started) for `cfg.server`, given only what it serves, never the daemon."""
         return StatusServer(cfg.server, self.snapshot, self.metrics.render, self.hub, self.previews,
-                            self.config_editor(), self.send_trial)
+                            self.config_editor(), self.send_trial, self.history)
 
     def new_groups(self, cfg: AppConfig) -> list[CameraGroup]:
         """The camera group processes of `cfg` with their models loaded, cameras not yet started (each group's go())."""

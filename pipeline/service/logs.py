@@ -32,6 +32,7 @@ import re
 import sys
 import threading
 import time
+from collections import deque
 from typing import BinaryIO, TextIO
 
 from pipeline.core.redact import mask_secrets
@@ -195,7 +196,25 @@ def _tune_native_levels(level: str) -> None:
         set_severity(_ORT_SEVERITY.get(level, 2))
 
 
+class RecentLogs(logging.Handler):
+    """The newest WARNING-and-up lines, masked, for the status page (a deque: appends need no lock of ours)."""
+
+    def __init__(self, size: int = 200) -> None:
+        super().__init__(logging.WARNING)
+        self._lines: deque[dict[str, object]] = deque(maxlen=size)
+        self.addFilter(_MaskingFilter())
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._lines.append({"ts": round(record.created, 3), "level": record.levelname.lower(),
+                            "logger": record.name, "message": mask_secrets(record.getMessage())})
+
+    def recent(self, limit: int = 100) -> list[dict[str, object]]:
+        """Newest first."""
+        return list(reversed(list(self._lines)))[:limit]
+
+
 _NATIVE = NativeStderr()
+RECENT_LOGS = RecentLogs()
 
 
 def setup_logging(level: str = "info", fmt: str = "text") -> None:
@@ -214,7 +233,7 @@ def setup_logging(level: str = "info", fmt: str = "text") -> None:
         formatter.converter = time.gmtime
         handler.setFormatter(formatter)
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [handler, RECENT_LOGS]
     root.setLevel(level.upper())
     _tune_native_levels(level)
     if capture:

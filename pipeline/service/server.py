@@ -16,6 +16,8 @@ frame read from the preview store. Anything that takes a lock or draws pixels ru
 | GET /api/config | the configuration file as text (YAML) |
 | POST /api/config/check | the text in the body checked as the file: 200 {"errors": []} or 422 {"errors": [...]} |
 | PUT /api/config | the body saved as the file and reloaded: 200 with the reload's outcome, 422 with every error (nothing written), 403 when server.config_editor is false |
+| GET /api/history | the newest commands, camera changes and reloads, newest first: ?types=command,camera,config &q=TEXT &limit=N |
+| GET /api/logs | the newest WARNING-and-up log lines of the daemon (masked): ?limit=N |
 | POST /api/streams/{stream}/test | {"expression": "happy"}: that emotion's command (or an expression at weight 1) sent to one avatar's (or camera's) outputs, neutral after 3 s |
 | POST /api/cameras/{camera}/enabled | {"enabled": bool}: that camera's `enabled:` set in the file (comments kept), saved and reloaded as PUT /api/config |
 
@@ -49,6 +51,7 @@ from pipeline.service.status import check_health, status_document
 
 if TYPE_CHECKING:
     from pipeline.config.app import ServerConfig
+    from pipeline.outputs.history import EventHistory
     from pipeline.service.config_editor import ConfigEditor
     from pipeline.outputs.websocket import EventHub
     from pipeline.service.preview import PreviewStore
@@ -81,8 +84,10 @@ class StatusServer:
 
     def __init__(self, cfg: ServerConfig, snapshot: Callable[[], DaemonSnapshot], metrics: Callable[[], bytes],
                  hub: EventHub, previews: PreviewStore, editor: ConfigEditor | None = None,
-                 trial: Callable[[str, str, float | None], dict[str, Any]] | None = None) -> None:
+                 trial: Callable[[str, str, float | None], dict[str, Any]] | None = None,
+                 history: EventHistory | None = None) -> None:
         self.cfg = cfg
+        self._history = history
         self._editor = editor
         self._trial = trial
         self._snapshot = snapshot
@@ -163,6 +168,8 @@ class StatusServer:
         app.router.add_put("/api/config", self._config_save)
         app.router.add_post("/api/cameras/{camera}/enabled", self._camera_switch)
         app.router.add_post("/api/streams/{stream}/test", self._send_trial)
+        app.router.add_get("/api/history", self._event_history)
+        app.router.add_get("/api/logs", self._recent_logs)
         app.router.add_static("/static", STATIC_DIR, append_version=False)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S)
         await self._runner.setup()
@@ -277,6 +284,20 @@ class StatusServer:
             log.info("camera %s %s from the status page", camera, "enabled" if wanted else "disabled")
         return web.json_response(result.body, status=result.status, headers=NO_CACHE)
 
+    async def _event_history(self, request: web.Request) -> web.Response:
+        """The newest commands, camera changes and reloads: ?types=command,camera,config &q=TEXT &limit=N."""
+        types = [t for t in request.query.get("types", "").split(",") if t]
+        limit = _limit(request.query.get("limit"), 100, 500)
+        events = self._history.recent(types, request.query.get("q", ""), limit) if self._history else []
+        return web.json_response({"events": events}, headers=NO_CACHE)
+
+    async def _recent_logs(self, request: web.Request) -> web.Response:
+        """The daemon's newest WARNING-and-up log lines (masked; a camera group's own lines stay in its process)."""
+        from pipeline.service.logs import RECENT_LOGS
+
+        return web.json_response({"lines": RECENT_LOGS.recent(_limit(request.query.get("limit"), 50, 200))},
+                                 headers=NO_CACHE)
+
     async def _send_trial(self, request: web.Request) -> web.Response:
         """The page's "send test expression": {"expression": "happy"} (an emotion, or an expression name) to one
         avatar or camera stream; 200 with the command sent, 404 for an unknown stream or name."""
@@ -359,6 +380,13 @@ class StatusServer:
             if closing.is_set() and not ws.closed:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(ws.close(code=1001, message=b"server shutting down"), SHUTDOWN_S)
+
+
+def _limit(text: str | None, default: int, most: int) -> int:
+    try:
+        return max(1, min(most, int(text))) if text else default
+    except ValueError:
+        return default
 
 
 def _given_token(request: web.Request) -> str:

@@ -187,6 +187,8 @@ async function refresh() {
     renderCommands(status.recent_commands);
     renderReload(status.config);
     renderAvatars(status.avatars || []);
+    refreshHistory();
+    refreshLog();
   } catch (error) {
     $("#overall").textContent = "unreachable";
     $("#overall").className = "badge failing";
@@ -218,6 +220,49 @@ function connectPreviews() {
   };
   socket.onclose = () => setTimeout(connectPreviews, 2000);
 }
+
+// --- history and log: what happened, filterable, and the daemon's newest warnings ---
+
+function describeEvent(e) {
+  if (e.type === "command") {
+    const what = `${e.emotion} → ${e.expression.preset} ${fmt(e.expression.weight, 2)}, tone ${e.tone.style}`;
+    return e.reason && e.reason !== "emotion" ? `${what} (${e.reason})` : what;
+  }
+  if (e.type === "camera") return e.detail ? `${e.state}: ${e.detail}` : e.state;
+  if (e.type === "config") return e.status + (e.errors && e.errors.length ? `: ${e.errors.join("; ")}` : "");
+  return "";
+}
+
+async function refreshHistory() {
+  const types = [...document.querySelectorAll(".history-type:checked")].map((box) => box.value).join(",");
+  const query = new URLSearchParams({ types: types || "none", q: $("#history-filter").value, limit: "100" });
+  const response = await fetch(`api/history?${query}`, { headers, cache: "no-store" });
+  if (!response.ok) return;
+  const { events } = await response.json();
+  $("#history tbody").replaceChildren(...events.map((e) => {
+    const row = el("tr");
+    row.dataset.type = e.type;
+    for (const text of [clock(e.ts), e.type, e.avatar || e.camera || "", describeEvent(e)]) {
+      row.append(el("td", "", String(text)));
+    }
+    return row;
+  }));
+}
+
+async function refreshLog() {
+  const response = await fetch("api/logs?limit=50", { headers, cache: "no-store" });
+  if (!response.ok) return;
+  const { lines } = await response.json();
+  $("#log tbody").replaceChildren(...lines.map((line) => {
+    const row = el("tr");
+    row.append(el("td", "", clock(line.ts)), el("td", "level-" + line.level, line.level),
+               el("td", "", `${line.logger}: ${line.message}`));
+    return row;
+  }));
+}
+
+for (const box of document.querySelectorAll(".history-type")) box.addEventListener("change", refreshHistory);
+$("#history-filter").addEventListener("input", refreshHistory);
 
 // --- avatars: what each stream was last told, what its VMC streams send now, and a test expression ---
 
