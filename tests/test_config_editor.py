@@ -152,3 +152,43 @@ def test_a_save_killed_at_any_moment_leaves_the_old_or_the_new_file(tmp_path: Pa
         writer.kill()
         writer.wait(10)
         assert target.read_text() in (old, new)
+
+
+def _editor(path: Path, writable: bool = True) -> Any:
+    from concurrent.futures import Future
+
+    from pipeline.service.config_editor import ConfigEditor
+
+    def reload(trigger: str) -> Future[dict[str, Any]]:
+        done: Future[dict[str, Any]] = Future()
+        done.set_result({"result": "applied", "trigger": trigger})
+        return done
+    return ConfigEditor(path, reload, lambda: writable)
+
+
+def test_a_save_that_cannot_write_answers_500_and_changes_nothing(tmp_path: Path) -> None:
+    """A write that fails (here: the temporary file's name taken by a folder; under systemd a read-only folder)
+    leaves the file whole and says so."""
+    path = tmp_path / "config.yaml"
+    old = "cameras: [{name: a, source: demo}]\nserver: {enabled: false}\n"
+    path.write_text(old)
+    (tmp_path / ".config.yaml.saving").mkdir()
+    result = _editor(path).save(old.replace("name: a", "name: b"))
+    assert result.status == 500 and "unchanged" in result.body["error"], result
+    assert path.read_text() == old
+
+
+def test_the_editor_says_why_it_is_read_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """server.config_editor: false, or a folder the daemon's user may not write (faked: the tests run as root, for
+    whom every folder is writable): a save answers 403 with the reason, nothing written."""
+    import os
+
+    path = tmp_path / "config.yaml"
+    old = "cameras: [{name: a, source: demo}]\nserver: {enabled: false}\n"
+    path.write_text(old)
+    assert _editor(path).read_only_reason() is None
+    assert "config_editor is false" in (_editor(path, writable=False).read_only_reason() or "")
+    monkeypatch.setattr(os, "access", lambda target, mode: Path(target) != tmp_path)
+    result = _editor(path).save(old)
+    assert result.status == 403 and "cannot write" in result.body["error"] and "operations.md" in result.body["error"]
+    assert path.read_text() == old and not (tmp_path / "config.yaml.bak").exists()

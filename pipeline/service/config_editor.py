@@ -114,7 +114,18 @@ class ConfigEditor:
 
     @property
     def writable(self) -> bool:
-        return self._writable()
+        return self.read_only_reason() is None
+
+    def read_only_reason(self) -> str | None:
+        """Why the page cannot save here, or None: the setting, or the file system (a save writes FILE.bak and a
+        temporary file beside FILE, then renames: the folder must be writable to the daemon's user)."""
+        if not self._writable():
+            return "server.config_editor is false"
+        folder = self.path.parent
+        if not os.access(folder, os.W_OK) or (self.path.exists() and not os.access(self.path, os.W_OK)):
+            return (f"the daemon's user cannot write {self.path} and its folder {folder}: give it write access "
+                    f"(docs/operations.md, 'Editing the configuration from the page') or edit the file by hand")
+        return None
 
     def read(self) -> str:
         return self.path.read_text(encoding="utf-8")
@@ -144,16 +155,20 @@ class ConfigEditor:
     def save(self, text: str, wait_s: float = RELOAD_WAIT_S) -> SaveResult:
         """Check, write (the old file kept as FILE.bak), reload and report; 422 with every problem and nothing
         written when the text would not load, 403 when saving is off."""
-        if not self.writable:
-            return SaveResult(403, {"error": "the configuration editor is read-only here (server.config_editor: "
-                                             "false)"})
+        reason = self.read_only_reason()
+        if reason is not None:
+            return SaveResult(403, {"error": f"the configuration editor is read-only here: {reason}"})
         with self._lock:
             issues = self.check(text)
             if issues:
                 return SaveResult(422, {"result": "invalid", "errors": [issue_json(i) for i in issues]})
-            if self.path.exists():
-                write_atomically(backup_path(self.path), self.read())
-            write_atomically(self.path, text)
+            try:
+                if self.path.exists():
+                    write_atomically(backup_path(self.path), self.read())
+                write_atomically(self.path, text)
+            except OSError as exc:  # the old file is still whole: each write is a rename of a finished file
+                return SaveResult(500, {"error": f"cannot write {self.path}: {exc.strerror or exc}; the file on "
+                                                 f"disk is unchanged"})
             outcome = self._reload("page")
         try:
             return SaveResult(200, {"saved": True, "backup": str(backup_path(self.path)),

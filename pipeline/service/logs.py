@@ -49,6 +49,9 @@ _OPENCV_THRESHOLD = {"debug": "INFO", "info": "WARNING", "warning": "WARNING", "
 _ORT_SEVERITY = {"debug": 1, "info": 3, "warning": 3, "error": 3}
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# A line our own handlers wrote (text `2026-12-02T12:00:00 WARNING name: ...`, or a JSON record), in a child process
+# whose fd 2 is this process's capture pipe: passed through, not logged again as a native line.
+_OWN_LINE = re.compile(r'^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d (DEBUG|INFO|WARNING|ERROR|CRITICAL) |\{"ts": )')
 _OPENCV_LINE = re.compile(r"^\[\s*(FATAL|ERROR|WARN|INFO|DEBUG|VERBOSE)[:\]]")
 _ORT_LINE = re.compile(r"\[([VIWEF]):onnxruntime:")
 # Native lines that only detail a failure the daemon handles and reports itself (see the module docstring).
@@ -166,6 +169,10 @@ class NativeStderr:
                 line = _ANSI.sub("", raw.decode("utf-8", "replace")).rstrip()
                 if not line:
                     continue
+                if _OWN_LINE.match(line):  # a camera group process's own log line (it shares this fd 2): as it is
+                    with contextlib.suppress(OSError):
+                        self.original_stream().write(line + "\n")
+                    continue
                 try:
                     logger.log(_native_level(line), "%s", line)
                 except Exception:  # this thread must live on, or fd 2 fills up and blocks every writer
@@ -238,3 +245,7 @@ def setup_logging(level: str = "info", fmt: str = "text") -> None:
     _tune_native_levels(level)
     if capture:
         _NATIVE.capture()  # after the handler writes to the original stderr: its lines must not come back here
+    # In text mode Python's own writes (a command's `print(..., file=sys.stderr)`, a progress bar) go straight to the
+    # original stderr, terminal and all: only what native code writes to fd 2 is captured. In JSON they take the
+    # pipe too, so that every line is JSON.
+    sys.stderr = _NATIVE.original_stream() if capture and not json_lines else sys.__stderr__

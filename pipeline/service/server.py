@@ -244,7 +244,10 @@ class StatusServer:
         if self._editor is None:
             return self._no_editor()
         text = await self._in_pool(self._editor.read)
-        headers = {"X-Config-Path": str(self._editor.path), "X-Config-Writable": str(self._editor.writable).lower()}
+        reason = self._editor.read_only_reason()
+        headers = {"X-Config-Path": str(self._editor.path), "X-Config-Writable": str(reason is None).lower()}
+        if reason is not None:
+            headers["X-Config-Read-Only-Reason"] = reason
         return web.Response(text=text, content_type="application/yaml", headers={**headers, **NO_CACHE})
 
     async def _config_check(self, request: web.Request) -> web.Response:

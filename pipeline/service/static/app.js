@@ -391,7 +391,7 @@ async function loadConfig() {
   $("#config-save").disabled = !writable;
   $("#config-mode").textContent = writable
     ? "Check runs the daemon's own loader; Save writes the file (the previous one is kept as .bak) and applies it."
-    : "Read-only: server.config_editor is false on this daemon.";
+    : `Read-only: ${response.headers.get("X-Config-Read-Only-Reason") || "saving is off on this daemon"}.`;
   showErrors([]);
   $("#config-outcome").textContent = "";
 }
