@@ -101,7 +101,8 @@ def _default(field: FieldInfo) -> str:
 def _plain(value: Any) -> Any:
     """A default as YAML would write it: models as their fields, tuples as lists."""
     if isinstance(value, BaseModel):
-        kind = {"type": value.type} if isinstance(getattr(value, "type", None), str) else {}
+        type_name = getattr(value, "type", None)
+        kind = {"type": type_name} if isinstance(type_name, str) else {}
         return kind | value.model_dump(mode="json", exclude_defaults=True)
     if isinstance(value, (list, tuple)):
         return [_plain(item) for item in value]
