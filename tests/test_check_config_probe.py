@@ -141,6 +141,24 @@ def test_probe_names_a_corrupt_file_and_a_refused_stream_without_its_password(pr
                for line in lines), done.stderr
     assert SECRET not in done.stdout + done.stderr
     assert "Traceback" not in done.stderr
+    # cameras the daemon could not open are retried, not fatal: the summary says so and nothing more
+    assert lines[-1] == f"{config}: probe: 2 camera(s) it could not open (the daemon would start and keep retrying " \
+                        "them)", done.stderr
+
+
+def test_probe_fails_a_server_port_in_use(prepared_models: None, tmp_path: Path) -> None:
+    """Issue 26: the daemon exits 1 when its status port is taken; --probe now says so first (exit 2)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = int(taken.getsockname()[1])
+        config = tmp_path / "site.yaml"
+        config.write_text(f"cameras:\n  - {{name: lobby, source: '{clip()}'}}\nserver: {{port: {port}}}\n")
+        done = run_cli("check-config", "--probe", str(config), timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"{config}: server.port: cannot listen on 127.0.0.1:{port}: in use (another instance running? change " \
+           f"server.port); the daemon would exit 1" in done.stderr.splitlines(), done.stderr
+    assert done.stderr.splitlines()[-1] == f"{config}: probe: 1 problem(s) that would stop the daemon here"
 
 
 def test_probe_gives_up_on_a_stream_that_never_answers(prepared_models: None, tmp_path: Path,

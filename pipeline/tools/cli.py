@@ -77,8 +77,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     for finding in report.failures:
         print(finding.format(args.path), file=sys.stderr)
     if report.failures:
-        print(f"{args.path}: probe: {len(report.failures)} problem(s): the daemon would not start cleanly here",
-              file=sys.stderr)
+        parts = []
+        if report.fatal:
+            parts.append(f"{len(report.fatal)} problem(s) that would stop the daemon here")
+        if report.retried:
+            parts.append(f"{len(report.retried)} camera(s) it could not open (the daemon would start and keep "
+                         f"retrying them)")
+        print(f"{args.path}: probe: {'; '.join(parts)}", file=sys.stderr)
         return EXIT_CONFIG
     print(f"{args.path}: probe: every camera and model opened")
     return EXIT_OK

@@ -18,9 +18,10 @@ fast and must not take a camera away from a daemon that is running:
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -52,10 +53,17 @@ class Finding:
 
 @dataclass
 class ProbeReport:
-    """What --probe found: the failures (each makes the exit 2) and what opened or loaded fine."""
+    """What --probe found: the failures (each makes the exit 2) and what opened or loaded fine. `retried` are the
+    failures the daemon lives with (a camera it cannot open: it starts anyway and keeps retrying it); the others would
+    stop it (a model that does not load, a port in use)."""
 
     failures: list[Finding]
     passed: list[Finding]
+    retried: list[Finding] = field(default_factory=list)
+
+    @property
+    def fatal(self) -> list[Finding]:
+        return [finding for finding in self.failures if finding not in self.retried]
 
 
 # ------------------------------------------------------------------------------------------------ quick
@@ -152,9 +160,34 @@ def _prepare_hint(precision: str) -> str:
 def probe_config(cfg: AppConfig, timeout_s: float) -> ProbeReport:
     """Open every enabled camera (at once, within `timeout_s`) and load every model; see the module docstring."""
     report = ProbeReport([], [])
-    for finding, ok in probe_cameras(cfg, timeout_s) + probe_models(cfg):
+    for finding, ok in probe_cameras(cfg, timeout_s):
+        (report.passed if ok else report.failures).append(finding)
+        if not ok:
+            report.retried.append(finding)
+    for finding, ok in probe_server(cfg) + probe_models(cfg):
         (report.passed if ok else report.failures).append(finding)
     return report
+
+
+def probe_server(cfg: AppConfig) -> list[tuple[Finding, bool]]:
+    """The status server's address bound once, as the daemon binds it (a port in use makes the daemon exit 1)."""
+    import socket
+
+    server = cfg.server
+    if not server.enabled:
+        return []
+    family = socket.AF_INET6 if ":" in server.host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp's server does
+            probe.bind((server.host, server.port))
+            probe.listen(1)
+    except OSError as exc:
+        reason = "in use (another instance running? change server.port)" if exc.errno == errno.EADDRINUSE else \
+            (exc.strerror or str(exc))
+        return [(Finding("server.port", f"cannot listen on {server.host}:{server.port}: {reason}; the daemon "
+                                        f"would exit 1"), False)]
+    return [(Finding("server.port", f"{server.host}:{server.port} is free"), True)]
 
 
 class _CameraProbe(threading.Thread):
