@@ -278,3 +278,32 @@ def test_token_page_in_a_browser_opens_the_status_page(with_token: str, browser:
     browser.get(with_token + "/?token=" + urllib.request.quote(TOKEN, safe=""))  # an old link still opens it ...
     assert wait_until(lambda: len(tiles()) == 1, 20)
     assert wait_until(lambda: "token" not in browser.current_url, 10), browser.current_url  # ... and is cleaned
+
+
+def test_a_terminal_shows_each_camera_change_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26: with stdout and the log on one terminal every camera change printed twice (the stdout text line and
+    the log line). Real pseudo-terminals: one shared, then two different ones."""
+    import sys
+
+    from pipeline.outputs.stdout import StdoutOutput, StdoutSink
+
+    master, slave = os.openpty()
+    other_master, other_slave = os.openpty()
+    with os.fdopen(slave, "w") as terminal, os.fdopen(os.dup(slave), "w") as same, \
+            os.fdopen(other_slave, "w") as other:
+        monkeypatch.setattr(sys, "stderr", same)
+        assert "camera" not in StdoutSink(StdoutOutput(), stream=terminal).events
+        assert "camera" in StdoutSink(StdoutOutput(format="text"), stream=terminal).events  # asked for: kept
+        monkeypatch.setattr(sys, "stderr", other)
+        assert "camera" in StdoutSink(StdoutOutput(), stream=terminal).events
+    for fd in (master, other_master):
+        os.close(fd)
+
+
+def test_version() -> None:
+    from pipeline import __version__
+
+    from tests.conftest import run_cli
+
+    done = run_cli("--version", timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == f"emotion-pipeline {__version__}"

@@ -316,6 +316,18 @@ def test_status_reads_a_snapshot_not_the_daemon() -> None:
                                      "4 commands, 1 ws client")
 
 
+def test_a_camera_that_never_connected_is_not_ok_from_its_first_second() -> None:
+    """Issue 26: /healthz called a camera that had not delivered a frame yet `ok` for its first stall_s."""
+    from pipeline.service.status import camera_problem
+
+    now = 1000.0
+    opening = _camera_view("gate", "starting", None, now, started_mono=now - 2.0)
+    assert camera_problem(opening, now) == "camera gate: connecting, no frame yet (2.0 s)"
+    failed = _camera_view("gate", "reconnecting", None, now, started_mono=now - 2.0)
+    assert camera_problem(failed, now) == "camera gate: no frame since start 2.0 s ago (reconnecting)"
+    assert camera_problem(_camera_view("lobby", "streaming", now - 0.1, now), now) is None
+
+
 def test_status_document_detector_input_size() -> None:
     """/api/status names the detector's input size: the fixed [w, h], or auto (it used to list 'a', 'u', 't', 'o')."""
     from pipeline.config.app import parse_config

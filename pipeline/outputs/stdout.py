@@ -4,12 +4,13 @@ JSON lines (one event per line, flushed per line so pipes see events at once) ar
 reads stdout: a pipe, a file, systemd. A person who starts the daemon in a terminal, though, met a wall of JSON
 (about ten 1.4 KB observation lines a second, the few commands lost among them); with `format: auto` (the default)
 a terminal gets one short line per command, camera change and config reload instead, and observations only when
-`text_observations` asks for them.
+`text_observations` asks for them. Camera changes are left to the log when it shares the terminal (each showed twice).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Any, Literal, TextIO
@@ -44,6 +45,14 @@ def _is_terminal(stream: TextIO) -> bool:
     """Whether a person reads `stream`; a closed or unusual stream counts as a program reading it."""
     try:
         return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def _same_terminal(out: TextIO, err: TextIO) -> bool:
+    """Whether two streams are the same terminal (a person reads both on one screen)."""
+    try:
+        return bool(out.isatty() and err.isatty()) and os.fstat(out.fileno()).st_rdev == os.fstat(err.fileno()).st_rdev
     except (AttributeError, ValueError, OSError):
         return False
 
@@ -108,6 +117,10 @@ class StdoutSink(Sink):
         self.text = fmt == "text" or (fmt == "auto" and _is_terminal(self._stream))
         if self.text and not getattr(cfg, "text_observations", False):
             self.events = self.events - {"observation"}  # not even queued: nobody asked to read them
+        if self.text and fmt == "auto" and _same_terminal(self._stream, sys.stderr):
+            # The log on the same screen already says every camera change (failures and returns at WARNING): the
+            # person at the terminal read each one twice.
+            self.events = self.events - {"camera"}
 
     def open(self) -> None:
         """In text format, say once what the lines are and how to get JSON, so nobody scripts against text."""

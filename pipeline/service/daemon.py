@@ -17,6 +17,7 @@ import signal
 import threading
 import time
 from collections import Counter, deque
+from dataclasses import replace
 from collections.abc import Iterable
 from concurrent.futures import Future
 from pathlib import Path
@@ -45,7 +46,7 @@ from pipeline.outputs.events import (
 from pipeline.outputs.history import EventHistory
 from pipeline.outputs.websocket import EventHub
 from pipeline.service.config_editor import ConfigEditor
-from pipeline.service.trial import send_trial, streams
+from pipeline.service.trial import send_trial, streams, trial_command
 from pipeline.service.cameras import (
     Camera,
     DropCounter,
@@ -280,6 +281,16 @@ class Daemon:
             self.recent_commands.append(event)
             self.commands_sent += 1
             self.bus.publish(event)
+
+    def _neutral_at_stop(self) -> None:
+        """Every stream whose avatar was last told something else gets its neutral rule (reason "stop") before the
+        outputs close, so an avatar does not keep its last face after the daemon has gone."""
+        if not self.started:
+            return
+        commands = [replace(trial_command(self.cfg, stream, "neutral"), reason="stop")
+                    for stream, last in self.current.items()
+                    if last and last.get("emotion") != "neutral" and stream in streams(self.cfg)]
+        self._publish_commands(commands)
 
     def send_trial(self, stream: str, expression: str, weight: float | None = None) -> Event:
         """The status page's "send test expression": the rules' command for `expression` to `stream`'s outputs now,
@@ -625,6 +636,7 @@ class Daemon:
             run_bounded(self.perception.close, STOP_BUDGET["models"], "models")
         if self.mapper_thread.is_alive():
             join_all([self.mapper_thread], STOP_BUDGET["behavior"])
+        self._neutral_at_stop()
         close_sinks(self.sinks, STOP_BUDGET["outputs"])
         if self.server is not None:
             self.server.stop(STOP_BUDGET["server"])

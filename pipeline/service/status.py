@@ -58,7 +58,8 @@ class HealthReport:
 
 
 def camera_problem(cam: CameraView, now: float) -> str | None:
-    """Why this camera is not healthy now, or None. An ended file is not a problem; a fresh start has stall_s."""
+    """Why this camera is not healthy now, or None. An ended file is not a problem; a camera is healthy once frames
+    flow, and stays so while the newest is at most stall_s old."""
     stall_s = cam.stall_s
     if cam.state == "ended":
         return None
@@ -67,9 +68,12 @@ def camera_problem(cam: CameraView, now: float) -> str | None:
         if age <= stall_s:
             return None
         return f"camera {cam.name}: no frame for {age:.1f} s (stall_s {stall_s:g}, {cam.state})"
-    if now - cam.started_mono <= stall_s:
-        return None
-    return f"camera {cam.name}: no frame since start {now - cam.started_mono:.1f} s ago ({cam.state})"
+    # Never connected: not healthy, from the start (it used to pass as ok for its first stall_s); the wording says
+    # whether it is still opening or has already failed.
+    since = now - cam.started_mono
+    if since <= stall_s and cam.state == "starting":
+        return f"camera {cam.name}: connecting, no frame yet ({since:.1f} s)"
+    return f"camera {cam.name}: no frame since start {since:.1f} s ago ({cam.state})"
 
 
 def output_problem(out: OutputView, now: float) -> str | None:

@@ -201,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None,
                         help="override logging.level of the config")
+    from pipeline import __version__
+
+    parser.add_argument("--version", action="version", version=f"emotion-pipeline {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     run = sub.add_parser("run", parents=[common], help="run the daemon (default)")
@@ -377,7 +380,7 @@ def _release_startup_signals() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
         argv = ["run", *argv]  # `run` is the default subcommand
     args = parser.parse_args(argv)
     if args.command != "run":
