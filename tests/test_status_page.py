@@ -105,6 +105,9 @@ def test_status_page_shows_live_tiles(prepared_models: None, tmp_path: Path,
                 lobby.find_element(By.CSS_SELECTOR, ".frame").screenshot_as_png != first_shot
 
         assert wait_until(preview_changed, 30, interval=0.25), "the preview image did not change: a frozen preview"
+        browser.find_element(By.CSS_SELECTOR, "#help-section summary").click()
+        help_text = browser.find_element(By.CSS_SELECTOR, "#help-section table").text
+        assert all(word in help_text for word in ("excellent", "fair", "poor", "unusable", "reconnecting", "disabled"))
         assert wait_until(lambda: browser.find_element(By.ID, "overall").text == "ok", 30), \
             browser.find_element(By.ID, "problems").text
         assert wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#commands tbody tr"), 60), \
