@@ -3,7 +3,7 @@
 # onnxruntime-gpu there). Usage there, from the project root, with the prepared models/ and a copy of the test
 # videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
 #  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | groups |
-#  groups-sweep | nvdec-latency | ab | memory | interval-sweep)
+#  groups-sweep | nvdec-latency | ab | memory | interval-sweep | multi-gpu)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
 set -uo pipefail
@@ -174,6 +174,25 @@ case "${1:-check}" in
     for cams in ${CAMS_LIST:-128 160}; do
       CAMS=$cams PROCS=$(( (cams + ${PER:-32} - 1) / ${PER:-32} )) INTERVAL=${INTERVAL:-3} TAG="_n${INTERVAL:-3}${MODEL:+_$MODEL}" \
         EXTRA="${MODEL:+--set emotion.model=$MODEL} ${EXTRA:-}" bash "$0" groups
+    done
+    ;;
+  multi-gpu)  # issue 28 (a machine with several GPUs: nvidia-h200-x2 or larger): groups of PER (32) cameras spread
+    # over every GPU (inference.devices left to its default), one MPS control daemon serving them all, then the same
+    # cameras on GPU 0 alone (DEVICES=0): the ratio of what each analysed. Per-GPU busy, NVDEC and memory in the JSON.
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" && nvidia-cuda-mps-control -d && echo "MPS daemon up"
+    trap 'echo quit | nvidia-cuda-mps-control' EXIT
+    gpus=$(nvidia-smi -L | grep -c '^GPU ')
+    for cams in ${CAMS_LIST:-150 200 300}; do
+      for devices in "all" "0"; do
+        set_devices=""; [ "$devices" = "0" ] && set_devices="--set inference.devices=[0]"
+        python3 run_pipeline.py bench pipeline --video "$PWD/.benchdata/video/group_1080p.mp4" --cameras "$cams" \
+          --fps 25 --device cuda --precision fp16 --detector-input 640x352 --max-batch 64 --lanes 1 --batch-step 2 \
+          --mode batched --decode gpu --frame-path graph --duration "${DURATION:-20}" \
+          --processes $(( (cams + ${PER:-32} - 1) / ${PER:-32} )) --interval "${INTERVAL:-3}" \
+          --set emotion.model=${MODEL:-dlibface_student64} $set_devices --log-level warning \
+          --json "$OUT/multigpu_${cams}cams_${devices}of${gpus}.json" | tail -8
+      done
     done
     ;;
   nvdec-latency)  # NVDEC's display latency per mode (frames held back), memory per decoder, and NvdecSource's choice

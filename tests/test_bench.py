@@ -95,6 +95,15 @@ def test_gpu_utilisation_parsing_and_absence() -> None:
     assert parse_utilisation("37, 12\n") == (37.0, 12.0)
     assert parse_utilisation("[N/A], [N/A]\n") is None
     assert parse_utilisation("") is None
+    from pipeline.tools.gpu_sampler import parse_per_gpu, summarise
+
+    two = parse_per_gpu("90, 80, 30000\n70, 60, 20000\n")  # two GPUs (issue 28's per-GPU figures)
+    assert two == [(90.0, 80.0, 30000.0), (70.0, 60.0, 20000.0)]
+    figures = summarise([two, [(50.0, 40.0, 31000.0), (30.0, 20.0, 19000.0)]])
+    assert figures["gpu_busy_pct"] == 60.0 and figures["nvdec_busy_pct"] == 50.0 and figures["samples"] == 2
+    assert figures["per_gpu"] == [{"index": 0, "gpu_busy_pct": 70.0, "nvdec_busy_pct": 60.0, "memory_mb_max": 31000.0},
+                                  {"index": 1, "gpu_busy_pct": 50.0, "nvdec_busy_pct": 40.0, "memory_mb_max": 20000.0}]
+    assert parse_per_gpu("[N/A], 3, 4\n") is None
     if shutil.which("nvidia-smi") is None:
         sampler = GpuSampler(period_s=0.01)
         sampler.start()

@@ -58,7 +58,7 @@ def run_groups(args: argparse.Namespace, cfg: AppConfig, recorder: Any, warmup_s
                       "frame_path": "graph" if cfg.inference.graph_frames else "opencv"}}
 
 
-def record_window(recorder: Any, seconds: float) -> tuple[float, dict[str, float] | None]:
+def record_window(recorder: Any, seconds: float) -> tuple[float, dict[str, object] | None]:
     """Let `recorder` take observations for `seconds` while the GPU is sampled: the window's wall time and the GPU's
     utilisation over it (None without an NVIDIA GPU)."""
     started = time.monotonic()

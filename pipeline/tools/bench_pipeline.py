@@ -390,6 +390,9 @@ def print_pipeline_table(result: dict[str, Any]) -> None:
             u = r["gpu_utilisation"]
             print(f"{r['mode']}: GPU busy {u['gpu_busy_pct']} %, NVDEC busy {u['nvdec_busy_pct']} % "
                   f"({u['samples']} nvidia-smi samples)")
+            for gpu in u.get("per_gpu", []) if len(u.get("per_gpu", [])) > 1 else []:
+                print(f"  GPU {gpu['index']}: busy {gpu['gpu_busy_pct']} %, NVDEC {gpu['nvdec_busy_pct']} %, "
+                      f"memory up to {gpu['memory_mb_max']:.0f} MB")
     for r in result["results"]:
         for model, t in (r.get("triton") or {}).items():
             print(f"{r['mode']}: Triton {model} (all its clients): {t['items']} items in {t['requests']} requests "
