@@ -174,8 +174,10 @@ def test_registry_creates_osc_and_webhook_sinks() -> None:
     osc = create_sink(OscOutput(port=9))
     hook = create_sink(WebhookOutput(url="http://127.0.0.1:9/x"))
     assert isinstance(osc, OscSink) and isinstance(hook, WebhookSink)
-    assert osc.events == {"command"} and hook.events == {"command"}
-    assert create_sink(OscOutput(protocol="plain")).events == {"observation", "command", "camera"}
+    assert osc.events == {"command", "lookat"} and hook.events == {"command"}  # a VMC stream also looks (look_at)
+    assert create_sink(OscOutput(look_at=False)).events == {"command"}
+    assert create_sink(OscOutput(mode="commands")).events == {"command"}  # no stream: nothing to look with
+    assert create_sink(OscOutput(protocol="plain")).events == {"observation", "command", "camera", "lookat"}
 
 
 def test_vmc_one_command_is_one_bundle_of_every_preset_then_apply() -> None:

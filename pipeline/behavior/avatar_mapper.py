@@ -199,6 +199,20 @@ class BehaviorRouter:
         else:
             self.per_camera.camera_left(camera)
 
+    def focus(self, camera: str) -> tuple[str, str | None, str | None, int | None]:
+        """For look-at: (stream, avatar, attended camera, attended track id) of `camera`'s stream; the camera is
+        None when nobody is attended (see behavior.lookat)."""
+        mapper = self._by_camera.get(camera)
+        if mapper is not None:
+            focus = mapper.focus
+            return mapper.name, mapper.name, (focus[0] if focus else None), (focus[1] if focus else None)
+        focus_camera, track = self.per_camera.focus(camera)
+        return camera, None, focus_camera, track
+
+    def cameras(self) -> list[str]:
+        """Every camera a mapper has seen or watches."""
+        return [*self._by_camera, *self.per_camera.cameras()]
+
     def avatar_of(self, camera: str) -> str | None:
         """The name of the avatar that watches `camera`, None when it has its per-camera stream."""
         mapper = self._by_camera.get(camera)

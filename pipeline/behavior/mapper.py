@@ -85,6 +85,18 @@ class BehaviorMapper:
         self._targets: dict[tuple[str, int | None], TargetState] = {}
         self._cameras: dict[str, _CameraState] = {}
 
+    def cameras(self) -> list[str]:
+        return list(self._cameras)
+
+    def focus(self, camera_name: str) -> tuple[str | None, int | None]:
+        """(camera, track id) of the face this camera's stream attends to: its focus with `largest` or `center`, any
+        face (None: the largest) with `all` or `room`; (None, None) before a face or once the camera went idle."""
+        camera = self._cameras.get(camera_name)
+        if camera is None or camera.last_face_seen is None or camera.idle_sent:
+            return None, None
+        track = camera.focus if self.cfg.attention in ("largest", "center") else None
+        return camera_name, track
+
     def update(self, obs: Observation) -> list[Command]:
         """Digest one observation; return the commands it triggers (usually none)."""
         camera = self._cameras.setdefault(obs.camera, _CameraState())

@@ -91,6 +91,22 @@ def _looks_like_url(value: str) -> bool:
     return (parts is not None and parts.password is not None) or bool(_HOST_PORT.match(value))
 
 
+class Placement(StrictModel):
+    """Where a camera is and where it looks, relative to the avatar's screen, so the avatar can look at the people the
+    camera sees (look-at) and tell whether they look back (head pose)."""
+
+    yaw_deg: float = Field(0.0, ge=-180, le=180, description="Where the camera looks, turned from the screen's "
+                           "forward direction about the vertical (positive: towards the avatar's left, i.e. the "
+                           "viewer's right). 0: the camera looks out of the screen, as a webcam on top of it does.")
+    pitch_deg: float = Field(0.0, ge=-90, le=90, description="The camera's tilt (positive: looking up).")
+    hfov_deg: float = Field(70.0, ge=10, le=170, description="The camera's horizontal field of view (a typical "
+                            "webcam: 60-78; a wide-angle dome camera: 90-120). Sets the angle of each pixel.")
+    offset_m: tuple[float, float, float] = Field((0.0, 0.0, 0.0), description="The camera's position relative to "
+                                                 "the avatar's eyes in metres: [right, up, forward] (a camera 30 cm "
+                                                 "above the screen's centre: [0, 0.3, 0]). With it, a face's distance "
+                                                 "is estimated from its size.")
+
+
 class CameraConfig(StrictModel):
     """One video source analysed by the pipeline."""
 
@@ -128,6 +144,9 @@ class CameraConfig(StrictModel):
                                                   "decode the stream's codec, else cpu (with a log line saying "
                                                   "why). USB cameras and the demo clip always use the CPU.")
     enabled: bool = Field(True, description="false keeps the camera in the file but does not open it.")
+    placement: Placement = Field(default_factory=Placement, description="Where the camera is relative to the "
+                                 "avatar's screen (look-at and head pose); default: on the screen, looking out, "
+                                 "a 70° field of view.")
 
     @field_validator("name", mode="before")
     @classmethod

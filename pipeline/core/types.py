@@ -107,13 +107,24 @@ class EmotionScores:
 
 
 @dataclass(frozen=True)
+class HeadPose:
+    """A head's rotation in the camera's frame, degrees (vision.head_pose), and whether it faces the camera."""
+
+    yaw: float
+    pitch: float
+    roll: float
+    looking: bool
+
+
+@dataclass(frozen=True)
 class FaceResult:
-    """One face of one frame: where it is, who it is (track), how it feels now and smoothed."""
+    """One face of one frame: where it is, who it is (track), how it feels now and smoothed, where it faces."""
 
     detection: Detection
     scores: EmotionScores
     track_id: int | None = None
     smoothed: EmotionScores | None = None
+    head: HeadPose | None = None
 
 
 @dataclass(frozen=True)

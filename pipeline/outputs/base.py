@@ -26,7 +26,7 @@ from pipeline.outputs.history import EventHistory
 
 log = logging.getLogger(__name__)
 
-EventName = Literal["observation", "command", "camera"]
+EventName = Literal["observation", "command", "camera", "lookat"]
 ALL_EVENTS: tuple[EventName, ...] = ("observation", "command", "camera")
 FAILURE_LOG_EVERY_S = 60.0  # while a sink keeps failing, at most one WARNING per this many seconds
 
@@ -56,7 +56,7 @@ class AvatarRoute:
 
     def accepts(self, event: Event) -> bool:
         kind = event.get("type")
-        if kind == "command":
+        if kind in ("command", "lookat"):
             return event.get("avatar") == self.avatar
         if kind in ("observation", "camera"):
             return event.get("camera") in self.cameras

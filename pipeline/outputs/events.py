@@ -27,6 +27,9 @@ def face_json(face: FaceResult, with_track: bool = True) -> dict[str, Any]:
     })
     if face.smoothed is not None:
         out["smoothed"] = {"emotion": face.smoothed.emotion, "confidence": round(face.smoothed.confidence, 4)}
+    if face.head is not None:
+        out["head"] = {"yaw": face.head.yaw, "pitch": face.head.pitch, "roll": face.head.roll,
+                       "looking": face.head.looking}
     return out
 
 
@@ -59,6 +62,14 @@ def command_event(cmd: Command) -> Event:
                  "rate": cmd.tone.rate, "volume": cmd.tone.volume},
         "latency_ms": {"total": round((time.monotonic() - cmd.t_mono) * 1000.0, 1)} if cmd.t_mono else {},
     }
+
+
+def lookat_event(stream: str, avatar: str | None, camera: str, track_id: int | None, yaw: float, pitch: float,
+                 point: tuple[float, float, float]) -> Event:
+    """Where a stream's avatar should look (behavior.lookat): the attended face's direction from the avatar's eyes,
+    in degrees (yaw positive to the avatar's right, pitch up), and its position in metres; `target` None: ahead."""
+    return {"type": "lookat", "camera": camera, "avatar": avatar, "stream": stream, "ts": round(time.time(), 3),
+            "target": track_id, "yaw": yaw, "pitch": pitch, "point": list(point)}
 
 
 def current_json(command: Event) -> dict[str, Any]:

@@ -14,6 +14,9 @@ Each bundle:
 
     /VMC/Ext/Blend/Val  (name: str, value: float)     one per known name, in a fixed order; unset names at 0.0
     /VMC/Ext/T          (time: float)                 stream only: seconds since the output started (frame order)
+    /VMC/Ext/Set/Eye    (1, x: float, y: float, z: float)   stream with look_at: where the eyes look, a point 1 m
+                                                      away (x right, y up, z forward), following the attended face
+                                                      through a critically damped follower (GazeFollower)
     /VMC/Ext/Blend/Apply ()                           once, last
 
 The names come from the name set (`names:`, `pipeline.outputs.name_sets`): vrm1 (the VRM 1.0 presets happy, angry,
@@ -30,6 +33,8 @@ any other name a command has carried since start. So whatever this sink ever set
     /emotion/<camera>/top     (emotion: str, confidence: float)   after .../faces when count > 0: the largest face's
                                                                   smoothed emotion (raw when it has none)
     /emotion/<camera>/state   (state: str)                        per camera event (streaming, reconnecting, …)
+    /emotion/<stream>/lookat  (yaw: float, pitch: float, x: float, y: float, z: float)   per look-at target (look_at):
+                              degrees to the avatar's right and up, and the face's position in metres
     /emotion/<avatar>/state   (emotion: str, preset: str, weight: float, style: str)    once a second per avatar
                               (the command's `avatar`, else its camera) that had a command: the current expression
                               and tone style. Same address as the camera state: the argument count tells them apart.
@@ -52,6 +57,7 @@ counts as failed too. A recovered receiver gets the whole current face with the 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -67,7 +73,7 @@ from pipeline.core.registry import Plugin
 from pipeline.core.settings import PRESET_NAME, ConfigValueError
 from pipeline.outputs.base import ALL_EVENTS, EventName, OutputSettings, Sink
 from pipeline.outputs.events import Event
-from pipeline.outputs.expression_stream import ExpressionStream
+from pipeline.outputs.expression_stream import ExpressionStream, GazeFollower
 from pipeline.outputs.name_sets import (
     EXPRESSION_KEYS,
     VRM1_PRESETS,
@@ -83,6 +89,7 @@ VRM_PRESETS: tuple[str, ...] = VRM1_PRESETS
 VMC_VAL = "/VMC/Ext/Blend/Val"
 VMC_APPLY = "/VMC/Ext/Blend/Apply"
 VMC_TIME = "/VMC/Ext/T"
+VMC_EYE = "/VMC/Ext/Set/Eye"
 RECONNECT_EVERY_S = 1.0  # at most one attempt a second to open the socket (resolve the host)
 STATE_EVERY_S = 1.0  # plain: how often each avatar's current expression is resent
 STREAM_ONLY = ("mode", "names", "custom_names", "rate_hz", "intensity")  # keys protocol plain has no use for
@@ -124,6 +131,10 @@ class OscOutput(OutputSettings):
                                "vrm1: VRM 1.0 presets; vrm0: Joy, Angry, Sorrow, Fun, Neutral; arkit: ARKit "
                                "blendshapes from each expression's action units; custom: the custom_names map.")
     rate_hz: float = Field(30.0, ge=1, le=120, description="vmc stream: bundles sent per second.")
+    look_at: bool = Field(True, description="The avatar looks at the face its behaviour attends to: vmc stream: "
+                          "/VMC/Ext/Set/Eye (enable 1, a point 1 m away in the avatar's direction) in every bundle, "
+                          "smoothed (a critically damped follower); plain: /emotion/<stream>/lookat (yaw, pitch in "
+                          "degrees, x, y, z in metres) as each target arrives. Placement: cameras[].placement.")
     intensity: Literal["fixed", "confidence"] = Field("fixed", description="vmc: fixed = the rule's weight; "
                                                       "confidence = the rule's weight times the command's smoothed "
                                                       "confidence.")
@@ -212,6 +223,13 @@ class OscOutput(OutputSettings):
             self.__dict__["mode"] = "stream" if self.protocol == "vmc" else "commands"
         return self
 
+def gaze_point(yaw_deg: float, pitch_deg: float) -> tuple[float, float, float]:
+    """A point 1 m away in the direction (yaw to the avatar's right, pitch up): x right, y up, z forward, as a VRM
+    avatar facing +z in Unity sees it."""
+    yaw, pitch = math.radians(yaw_deg), math.radians(pitch_deg)
+    return (round(math.sin(yaw) * math.cos(pitch), 4), round(math.sin(pitch), 4), round(math.cos(yaw) * math.cos(pitch), 4))
+
+
 class UdpTarget:
     """A connected, non-blocking UDP socket to one receiver; `refusal()` tells whether it refused a datagram."""
 
@@ -281,6 +299,10 @@ class OscSink(Sink):
         self.name_set = NameSet(cfg.names, cfg.custom_names)
         self.presets: tuple[str, ...] = tuple(dict.fromkeys([*self.name_set.names(presets), *cfg.presets]))
         self.stream = ExpressionStream()
+        self.gaze = GazeFollower()
+        self.looks = cfg.look_at and (cfg.protocol == "plain" or cfg.mode == "stream")
+        if self.looks:
+            self.events = self.events | {"lookat"}
         self._started = time.monotonic()
         self._states: dict[str, tuple[str, str, float, str]] = {}  # plain: avatar → its current expression
         self._client: UdpTarget | None = None
@@ -348,6 +370,9 @@ class OscSink(Sink):
     def write(self, event: Event) -> None:
         """Send the event's datagrams (stream mode: retarget the stream); fail when they cannot leave, or when the
         receiver refused earlier ones (nothing listens on its port: the app was closed)."""
+        if event["type"] == "lookat":
+            self._look(event)
+            return
         if self.cfg.protocol == "plain":
             if event["type"] == "command":
                 self._remember_state(event)
@@ -363,6 +388,15 @@ class OscSink(Sink):
             messages = [self.vmc_bundle(event)]
         if messages:
             self._send(messages)
+
+    def _look(self, event: Event) -> None:
+        """vmc stream: retarget the gaze the next bundles carry; plain: send the target as it is."""
+        if self.cfg.protocol == "plain":
+            x, y, z = (float(v) for v in event["point"])
+            self._send([_message(f"/emotion/{event['stream']}/lookat", float(event["yaw"]), float(event["pitch"]),
+                                 x, y, z)])
+        else:
+            self.gaze.command(float(event["yaw"]), float(event["pitch"]))
 
     def command_weights(self, command: Event) -> dict[str, float]:
         """The names and weights a command's expression becomes in this output's name set and intensity."""
@@ -381,7 +415,8 @@ class OscSink(Sink):
         target = self.command_weights(command)
         self.stream.command(target, float(command["expression"].get("blend_ms", 0)), time.monotonic())
 
-    def bundle(self, weights: Mapping[str, float], stream_time: float | None = None) -> Any:
+    def bundle(self, weights: Mapping[str, float], stream_time: float | None = None,
+               gaze: tuple[float, float] | None = None) -> Any:
         """One bundle: every known name's Val (`weights`' value, else 0.0), the stream's time (VMC's /VMC/Ext/T, so
         a receiver can order frames UDP delivered out of order), then Apply."""
         bundle = osc_bundle_builder.OscBundleBuilder(osc_bundle_builder.IMMEDIATELY)
@@ -389,6 +424,8 @@ class OscSink(Sink):
             bundle.add_content(_message(VMC_VAL, name, float(weights.get(name, 0.0))))
         if stream_time is not None:
             bundle.add_content(_message(VMC_TIME, float(stream_time)))
+        if gaze is not None:
+            bundle.add_content(_message(VMC_EYE, 1, *gaze_point(*gaze)))
         bundle.add_content(_message(VMC_APPLY))
         return bundle.build()
 
@@ -406,7 +443,8 @@ class OscSink(Sink):
     def _send_frame(self) -> None:
         """Stream mode, on the ticker: the current weights as one bundle."""
         now = time.monotonic()
-        self._tick_delivery(lambda: [self.bundle(self.stream.weights(now), now - self._started)])
+        gaze = self.gaze.sample(now) if self.looks else None
+        self._tick_delivery(lambda: [self.bundle(self.stream.weights(now), now - self._started, gaze)])
 
     def _remember_state(self, command: Event) -> None:
         state = (str(command["emotion"]), str(command["expression"]["preset"]),

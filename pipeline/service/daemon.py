@@ -25,6 +25,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from pipeline.behavior.avatar_mapper import BehaviorRouter
+from pipeline.behavior.lookat import LookAt, LookTarget
 from pipeline.capture.source_base import VideoSource
 from pipeline.capture.thread import CaptureThread
 from pipeline.config.app import AppConfig, CameraConfig, ConfigError, load_config
@@ -40,6 +41,7 @@ from pipeline.outputs.events import (
     command_event,
     config_event,
     current_json,
+    lookat_event,
     observation_event,
     snapshot_event,
 )
@@ -130,6 +132,7 @@ class Daemon:
         self.observations = ObservationQueue(OBSERVATION_QUEUE, self.counters)
         self._cameras_left: queue.SimpleQueue[str] = queue.SimpleQueue()  # camera events → the behaviour thread
         self.mapper = BehaviorRouter(cfg.behavior, cfg.avatars)
+        self.lookat = LookAt(self.mapper, {c.name: c.placement for c in cfg.cameras})
         self.current: dict[str, Event] = {}  # avatar (else camera) → its last command, for late joiners
         self.mapper_heartbeat = time.monotonic()
         self.mapper_thread = threading.Thread(target=self._mapper_loop, name="behavior", daemon=True)
@@ -270,7 +273,9 @@ class Daemon:
                 self.mapper.camera_left(self._cameras_left.get_nowait())
             if obs is not None:
                 self._publish_commands(self.mapper.update(obs))
+                self._publish_looks([self.lookat.observe(obs)])
             self._publish_commands(self.mapper.tick(time.monotonic(), time.time()))
+            self._publish_looks(self.lookat.tick(self.mapper.cameras()))
             if obs is None and self.stop_event.is_set() and not self._workers_alive():
                 return
 
@@ -281,6 +286,12 @@ class Daemon:
             self.recent_commands.append(event)
             self.commands_sent += 1
             self.bus.publish(event)
+
+    def _publish_looks(self, targets: Iterable[LookTarget | None]) -> None:
+        for t in targets:
+            if t is not None:
+                self.bus.publish(lookat_event(t.stream, t.avatar, t.camera, t.track_id, t.yaw_deg, t.pitch_deg,
+                                              t.point_m))
 
     def _neutral_at_stop(self) -> None:
         """Every stream whose avatar was last told something else gets its neutral rule (reason "stop") before the
@@ -543,6 +554,7 @@ class Daemon:
         if plan.behavior:
             self.mapper = BehaviorRouter(new.behavior, new.avatars)
             self.current = {}
+        self.lookat = LookAt(self.mapper, {c.name: c.placement for c in new.cameras})  # placements may have changed
         self.cfg = new
         if regroup:
             self._regroup(new, perception, groups)

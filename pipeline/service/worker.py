@@ -28,6 +28,7 @@ from pipeline.core.types import Detection, EmotionScores, FaceResult, Frame, Obs
 from pipeline.inference.batching import ModelClosedError, QueueFullError
 from pipeline.inference.pending import PendingAnalysis
 from pipeline.inference.perception import Analyzer
+from pipeline.vision.head_pose import head_pose
 from pipeline.vision.track import IouTracker
 
 log = logging.getLogger(__name__)
@@ -125,8 +126,10 @@ class CameraWorker(threading.Thread):
         """Attach track ids (a detection frame's from the tracker's matching; a frame without detection's are the
         ones its faces were predicted for, `tracked`) and smoothed scores; build the Observation."""
         ids = self.tracker.update(faces, frame.t_mono, self._pixels(frame)) if tracked is None else tracked
+        hfov = self.capture.cfg.placement.hfov_deg
         results = tuple(
-            FaceResult(face, score, track_id, self.tracker.smooth(track_id, score, frame.t_mono))
+            FaceResult(face, score, track_id, self.tracker.smooth(track_id, score, frame.t_mono),
+                       head_pose(face.landmarks, frame.size, hfov))
             for face, score, track_id in zip(faces, scores, ids)
         )
         width, height = frame.size

@@ -1,0 +1,57 @@
+"""Head pose from the five landmarks (issue 27 item 3), checked without labels on real photos: a mirrored photo's
+yaw is the opposite and its pitch the same, and faces whose landmarks are symmetric come out frontal. The detector
+runs on each photo and on its mirror image, so the check includes the detector's own landmark noise (BENCHMARKS.md
+has the full figures on all 171 photos; the issue's ±3° for every face is not met: see there)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+
+from pipeline.vision.head_pose import head_pose
+from tests.conftest import data_path
+
+PHOTOS = 60  # of faces/wild, sorted by name (keeps the suite short; tools/lookat_check.py runs them all)
+
+
+@pytest.fixture(scope="module")
+def poses(prepared_models: None, perception: Any) -> list[tuple[Any, Any, bool]]:
+    """(pose of the photo's largest face, pose of the mirrored photo's, whether its landmarks are symmetric)."""
+    found = []
+    for path in sorted(Path(data_path("faces", "wild")).rglob("*.*"))[:PHOTOS]:
+        image = cv2.imread(str(path))
+        if image is None:
+            continue
+        faces = perception.detector.detect(image, 30)
+        mirrored = perception.detector.detect(np.ascontiguousarray(image[:, ::-1]), 30)
+        if not faces or not mirrored:
+            continue
+        a = max(faces, key=lambda d: d.area)
+        b = max(mirrored, key=lambda d: d.area)
+        size = (image.shape[1], image.shape[0])
+        eye_a, eye_b, nose = a.landmarks[0], a.landmarks[1], a.landmarks[2]
+        symmetric = abs(nose[0] - (eye_a[0] + eye_b[0]) / 2) < 0.05 * abs(eye_b[0] - eye_a[0])
+        found.append((head_pose(a.landmarks, size), head_pose(b.landmarks, size), symmetric))
+    return found
+
+
+def test_a_mirrored_photo_turns_the_other_way_and_nods_the_same(poses: list) -> None:
+    pairs = [(a, b) for a, b, _ in poses if a is not None and b is not None]
+    assert len(pairs) >= 40
+    yaw = np.array([abs(a.yaw + b.yaw) for a, b in pairs])
+    pitch = np.array([abs(a.pitch - b.pitch) for a, b in pairs])
+    roll = np.array([abs(a.roll + b.roll) for a, b in pairs])
+    # measured on all 165 pairs: yaw median 1.5°, 75 % within 3°; pitch median 2.1°, 61 % within 3°
+    assert np.median(yaw) <= 3.0 and (yaw <= 6.0).mean() >= 0.8, np.round(np.sort(yaw), 1)
+    assert np.median(pitch) <= 3.0 and (pitch <= 8.0).mean() >= 0.8, np.round(np.sort(pitch), 1)
+    assert np.median(roll) <= 3.0
+    assert any(abs(a.yaw) > 10 for a, _ in pairs)  # the set has turned heads: the check is not all frontal faces
+
+
+def test_faces_with_symmetric_landmarks_are_frontal(poses: list) -> None:
+    frontal = [abs(a.yaw) < 10.0 for a, _, symmetric in poses if symmetric and a is not None]
+    assert len(frontal) >= 10 and np.mean(frontal) >= 0.9  # measured 0.98 on all photos
