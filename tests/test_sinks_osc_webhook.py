@@ -177,7 +177,7 @@ def test_registry_creates_osc_and_webhook_sinks() -> None:
     assert osc.events == {"command", "lookat"} and hook.events == {"command"}  # a VMC stream also looks (look_at)
     assert create_sink(OscOutput(look_at=False)).events == {"command"}
     assert create_sink(OscOutput(mode="commands")).events == {"command"}  # no stream: nothing to look with
-    assert create_sink(OscOutput(protocol="plain")).events == {"observation", "command", "camera", "lookat"}
+    assert create_sink(OscOutput(protocol="plain")).events == {"observation", "command", "camera", "presence", "lookat"}
 
 
 def test_vmc_one_command_is_one_bundle_of_every_preset_then_apply() -> None:

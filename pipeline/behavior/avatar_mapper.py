@@ -209,6 +209,13 @@ class BehaviorRouter:
         focus_camera, track = self.per_camera.focus(camera)
         return camera, None, focus_camera, track
 
+    def stream_of(self, camera: str) -> tuple[str, str | None, BehaviorConfig]:
+        """The stream `camera` feeds (its avatar, else itself), the avatar's name (None) and its behaviour settings."""
+        mapper = self._by_camera.get(camera)
+        if mapper is not None:
+            return mapper.name, mapper.name, mapper.cfg
+        return camera, None, self.per_camera.cfg
+
     def cameras(self) -> list[str]:
         """Every camera a mapper has seen or watches."""
         return [*self._by_camera, *self.per_camera.cameras()]

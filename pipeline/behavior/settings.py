@@ -126,6 +126,17 @@ def _check_emotion(name: str) -> str:
     return name
 
 
+class PresenceConfig(StrictModel):
+    """When a face counts as a visitor who arrived, left, or looks at the camera (behavior.presence)."""
+
+    arrive_frames: int = Field(5, ge=1, le=1000, description="A track seen in this many observations is a visitor "
+                               "who arrived (a face glimpsed for a frame or two is not a visit).")
+    leave_after_s: float = Field(1.5, gt=0, le=600, description="A visitor whose track is not seen for this long "
+                                 "has left; its dwell is the time from its first to its last sighting.")
+    looking_frames: int = Field(3, ge=1, le=1000, description="A change of whether a visitor looks at the camera "
+                                "(the head pose's `looking`) counts once it holds for this many observations.")
+
+
 class BehaviorConfig(StrictModel):
     """How detected emotions become avatar commands (see `pipeline.behavior.mapper` for the exact rules)."""
 
@@ -152,6 +163,20 @@ class BehaviorConfig(StrictModel):
         description="Rule per canonical emotion; a rule overrides only what it names (e.g. `sad: {tone: "
                     "{rate: -20%}}` keeps sad's expression and the rest of its tone), the rest and the emotions "
                     "not given keep their built-in rules.")
+
+    presence: PresenceConfig = Field(default_factory=PresenceConfig, description="Visitors arriving, leaving and "
+                                     "looking at the camera: `presence` events.")
+    on_arrival: RuleConfig | None = Field(None, description="A greeting: when a visitor arrives, the avatar gets "
+                                          "this expression and tone once (reason greeting), laid over the happy "
+                                          "rule like any rule (e.g. `{tone: {style: friendly}}`); null: no greeting.")
+    greet_cooldown_s: float = Field(60.0, ge=0, description="At most one greeting per this many seconds per avatar "
+                                    "(a group arriving is greeted once).")
+
+    @field_validator("on_arrival", mode="before")
+    @classmethod
+    def _greeting_over_happy(cls, value: object) -> object:
+        """A greeting given in part keeps the rest of the happy rule, as rules do."""
+        return _over_default(default_rules()["happy"], value) if isinstance(value, dict) else value
 
     @field_validator("rules", mode="before")
     @classmethod

@@ -26,8 +26,8 @@ from pipeline.outputs.history import EventHistory
 
 log = logging.getLogger(__name__)
 
-EventName = Literal["observation", "command", "camera", "lookat"]
-ALL_EVENTS: tuple[EventName, ...] = ("observation", "command", "camera")
+EventName = Literal["observation", "command", "camera", "presence", "lookat"]
+ALL_EVENTS: tuple[EventName, ...] = ("observation", "command", "camera", "presence")  # lookat: asked for by name
 FAILURE_LOG_EVERY_S = 60.0  # while a sink keeps failing, at most one WARNING per this many seconds
 
 
@@ -58,6 +58,8 @@ class AvatarRoute:
         kind = event.get("type")
         if kind in ("command", "lookat"):
             return event.get("avatar") == self.avatar
+        if kind == "presence":
+            return event.get("camera") in self.cameras
         if kind in ("observation", "camera"):
             return event.get("camera") in self.cameras
         return True

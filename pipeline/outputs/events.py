@@ -72,6 +72,17 @@ def lookat_event(stream: str, avatar: str | None, camera: str, track_id: int | N
             "target": track_id, "yaw": yaw, "pitch": pitch, "point": list(point)}
 
 
+def presence_event(kind: str, camera: str, avatar: str | None, track_id: int, t_wall: float,
+                   dwell_s: float | None = None) -> Event:
+    """A visitor `arrived`, `left` (with `dwell_s`), or started (`looking`) or stopped (`looking_away`) looking at
+    the camera (behavior.presence)."""
+    event: Event = {"type": "presence", "camera": camera, "avatar": avatar, "ts": round(t_wall, 3), "event": kind,
+                    "track_id": track_id}
+    if dwell_s is not None:
+        event["dwell_s"] = dwell_s
+    return event
+
+
 def current_json(command: Event) -> dict[str, Any]:
     """What a WebSocket snapshot says of one stream's current command: emotion, expression, tone, and which camera
     and when (the command event's fields)."""

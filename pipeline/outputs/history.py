@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 Event = dict[str, Any]
-KEPT_TYPES = frozenset({"command", "camera", "config"})
+KEPT_TYPES = frozenset({"command", "camera", "config", "presence"})
 HISTORY_SIZE = 500
 
 
@@ -45,5 +45,6 @@ class EventHistory:
 
 
 def _searchable(event: Event) -> str:
-    parts = [event.get(key) for key in ("type", "camera", "avatar", "emotion", "state", "detail", "status", "reason")]
+    parts = [event.get(key) for key in ("type", "camera", "avatar", "emotion", "state", "detail", "status", "reason",
+                                        "event")]
     return " ".join(str(part) for part in parts if part).lower()

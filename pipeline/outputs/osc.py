@@ -33,6 +33,7 @@ any other name a command has carried since start. So whatever this sink ever set
     /emotion/<camera>/top     (emotion: str, confidence: float)   after .../faces when count > 0: the largest face's
                                                                   smoothed emotion (raw when it has none)
     /emotion/<camera>/state   (state: str)                        per camera event (streaming, reconnecting, …)
+    /emotion/<camera>/presence (event: str, track: int, dwell_s: float)   arrived, left (with dwell), looking, …
     /emotion/<stream>/lookat  (yaw: float, pitch: float, x: float, y: float, z: float)   per look-at target (look_at):
                               degrees to the avatar's right and up, and the face's position in metres
     /emotion/<avatar>/state   (emotion: str, preset: str, weight: float, style: str)    once a second per avatar
@@ -496,6 +497,9 @@ class OscSink(Sink):
             return messages
         if event["type"] == "camera":
             return [_message(f"{base}/state", event["state"])]
+        if event["type"] == "presence":
+            return [_message(f"{base}/presence", event["event"], int(event["track_id"]),
+                             float(event.get("dwell_s") or 0.0))]
         return []
 
     def flush_close(self) -> None:

@@ -95,8 +95,15 @@ def _observation_text(event: Event) -> str:
             f"{f'  ({total:.0f} ms)' if total is not None else ''}")
 
 
-SHOWN = {"command": "commands", "camera": "camera changes", "config": "config reloads", "observation": "observations"}
-TEXT = {"command": _command_text, "camera": _camera_text, "config": _config_text, "observation": _observation_text}
+def _presence_text(event: Event) -> str:
+    dwell = f" after {event['dwell_s']:.1f} s" if event.get("dwell_s") is not None else ""
+    return f"visitor #{event.get('track_id')} {event.get('event')}{dwell}"
+
+
+SHOWN = {"command": "commands", "camera": "camera changes", "config": "config reloads", "presence": "visitors",
+         "observation": "observations"}
+TEXT = {"command": _command_text, "camera": _camera_text, "config": _config_text, "observation": _observation_text,
+        "presence": _presence_text}
 
 
 def text_line(event: Event) -> str:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.behavior.avatar_mapper import BehaviorRouter
 from pipeline.behavior.lookat import LookAt, LookTarget
+from pipeline.behavior.presence import Greeter, Presence, PresenceChange
 from pipeline.capture.source_base import VideoSource
 from pipeline.capture.thread import CaptureThread
 from pipeline.config.app import AppConfig, CameraConfig, ConfigError, load_config
@@ -43,6 +44,7 @@ from pipeline.outputs.events import (
     current_json,
     lookat_event,
     observation_event,
+    presence_event,
     snapshot_event,
 )
 from pipeline.outputs.history import EventHistory
@@ -133,6 +135,8 @@ class Daemon:
         self._cameras_left: queue.SimpleQueue[str] = queue.SimpleQueue()  # camera events → the behaviour thread
         self.mapper = BehaviorRouter(cfg.behavior, cfg.avatars)
         self.lookat = LookAt(self.mapper, {c.name: c.placement for c in cfg.cameras})
+        self.presence = Presence(cfg.behavior.presence)
+        self.greeter = Greeter()
         self.current: dict[str, Event] = {}  # avatar (else camera) → its last command, for late joiners
         self.mapper_heartbeat = time.monotonic()
         self.mapper_thread = threading.Thread(target=self._mapper_loop, name="behavior", daemon=True)
@@ -270,12 +274,16 @@ class Daemon:
             self.mapper_heartbeat = time.monotonic()
             obs = self.observations.get(timeout=MAPPER_WAKE_S)
             while not self._cameras_left.empty():
-                self.mapper.camera_left(self._cameras_left.get_nowait())
+                camera = self._cameras_left.get_nowait()
+                self.mapper.camera_left(camera)
+                self._publish_presence(self.presence.camera_left(camera))
             if obs is not None:
                 self._publish_commands(self.mapper.update(obs))
                 self._publish_looks([self.lookat.observe(obs)])
+                self._publish_presence(self.presence.update(obs))
             self._publish_commands(self.mapper.tick(time.monotonic(), time.time()))
             self._publish_looks(self.lookat.tick(self.mapper.cameras()))
+            self._publish_presence(self.presence.tick(time.monotonic()))
             if obs is None and self.stop_event.is_set() and not self._workers_alive():
                 return
 
@@ -286,6 +294,17 @@ class Daemon:
             self.recent_commands.append(event)
             self.commands_sent += 1
             self.bus.publish(event)
+
+    def _publish_presence(self, changes: list[PresenceChange]) -> None:
+        """Each visitor's arrival, departure and looks as events, and the greeting an arrival may bring."""
+        for change in changes:
+            stream, avatar, behavior = self.mapper.stream_of(change.camera)
+            self.bus.publish(presence_event(change.kind, change.camera, avatar, change.track_id, change.t_wall,
+                                            change.dwell_s))
+            self.metrics.presence(change)
+            greeting = self.greeter.greet(change, stream, avatar, behavior, time.monotonic())
+            if greeting is not None:
+                self._publish_commands([greeting])
 
     def _publish_looks(self, targets: Iterable[LookTarget | None]) -> None:
         for t in targets:
@@ -553,6 +572,7 @@ class Daemon:
             setup_logging(self.log_level or new.logging.level, new.logging.format)
         if plan.behavior:
             self.mapper = BehaviorRouter(new.behavior, new.avatars)
+            self.presence = Presence(new.behavior.presence)  # visitors in view arrive again (once)
             self.current = {}
         self.lookat = LookAt(self.mapper, {c.name: c.placement for c in new.cameras})  # placements may have changed
         self.cfg = new

@@ -13,15 +13,17 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from pipeline.behavior.presence import PresenceChange
 from pipeline.core.types import Observation
 from pipeline.service.snapshot import DaemonSnapshot, ModelView
 from pipeline.service.status import output_problem
 
 PREFIX = "emotion"
+DWELL_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 CAMERA_STATES = ("starting", "streaming", "stalled", "reconnecting", "stopped", "ended")
@@ -42,6 +44,14 @@ class PipelineMetrics:
                                     "ran (queue time).", ["model"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.compute_time = Histogram(f"{PREFIX}_batch_compute_seconds", "Time the backend took for one batch "
                                       "(compute time).", ["model"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.visitors = Counter(f"{PREFIX}_visitors", "Visitors who arrived (a track held for "
+                                "behavior.presence.arrive_frames): rate()*3600 = visitors per hour.", ["camera"],
+                                registry=self.registry)
+        self.dwell = Histogram(f"{PREFIX}_visit_dwell_seconds", "How long each visitor stayed (first to last "
+                               "sighting): _sum / _count = mean dwell.", ["camera"], buckets=DWELL_BUCKETS,
+                               registry=self.registry)
+        self.looks = Counter(f"{PREFIX}_visitor_looks", "Times a visitor started looking at the camera (head pose).",
+                             ["camera"], registry=self.registry)
         self.registry.register(_LiveCollector(snapshot))
         self._snapshot = snapshot
         self._cursors: dict[str, tuple[int, int, int]] = {}  # model name -> (id(stats), batches seen, items seen)
@@ -52,6 +62,15 @@ class PipelineMetrics:
         for stage, ms in obs.latency_ms.items():
             self.stage_latency.labels(obs.camera, stage).observe(ms / 1000.0)
         self.stage_latency.labels(obs.camera, "total").observe(total_s)
+
+    def presence(self, change: PresenceChange) -> None:
+        """Called on the behaviour thread for every arrival, departure and look."""
+        if change.kind == "arrived":
+            self.visitors.labels(change.camera).inc()
+        elif change.kind == "left" and change.dwell_s is not None:
+            self.dwell.labels(change.camera).observe(change.dwell_s)
+        elif change.kind == "looking":
+            self.looks.labels(change.camera).inc()
 
     def forget_camera(self, camera: str) -> None:
         """A camera removed by a reload takes its latency series with it."""
