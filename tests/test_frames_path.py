@@ -128,7 +128,8 @@ def test_a_frame_without_faces(graph_perception: FramePerception) -> None:
     assert {"detect", "crop", "emotion", "queue"} <= set(timings)
 
 
-def _tracked_against_detected(perception: FramePerception, frames: list[Any], moved: float = 0.0) -> None:
+def _tracked_against_detected(perception: FramePerception, frames: list[Any], moved: float = 0.0,
+                              atol: float = 1e-4) -> None:
     """Frames without detection (detector.interval) mixed into batches with detected ones: given the very faces the
     detector found on the same frame (shifted by `moved` px, the tracker's kind of error), each frame's emotions are
     the detected ones', and every frame gets its own faces back, whatever else ran in its batch."""
@@ -150,8 +151,8 @@ def _tracked_against_detected(perception: FramePerception, frames: list[Any], mo
                                                                                    else ref_faces)], atol=1e-3)
         if index % 2 == 0:
             assert timings["detect"] == 0.0
-        if moved == 0.0:  # the same crops: the same probabilities
-            np.testing.assert_allclose([s.probs for s in scores], [s.probs for s in ref_scores], atol=1e-4)
+        if moved == 0.0:  # the same crops: the same probabilities (on cuda within what another batch size changes)
+            np.testing.assert_allclose([s.probs for s in scores], [s.probs for s in ref_scores], atol=atol)
         else:
             assert [s.emotion for s in scores] == [s.emotion for s in ref_scores]
 
@@ -284,7 +285,9 @@ def test_on_cuda_frames_without_detection(prepared_models: None, app_config: Any
     frames = _frames(data_path("video", "group_1080p.mp4"), 12, 13)
     gpu = _prepared_gpu(app_config, frames[0])
     try:
-        _tracked_against_detected(gpu, frames)
+        # measured on the H200: probabilities within 7.3e-4 of the detected frames' (the same crops in batches of
+        # other padded sizes run other cuDNN kernels)
+        _tracked_against_detected(gpu, frames, atol=2e-3)
         faces, _, _ = gpu.analyze(frames[0])
         assert gpu.begin_tracked(frames[0], faces).result()[2]["detect"] == 0.0
     finally:
