@@ -192,19 +192,3 @@ def test_the_editor_says_why_it_is_read_only(tmp_path: Path, monkeypatch: pytest
     result = _editor(path).save(old)
     assert result.status == 403 and "cannot write" in result.body["error"] and "operations.md" in result.body["error"]
     assert path.read_text() == old and not (tmp_path / "config.yaml.bak").exists()
-
-
-@pytest.mark.slow
-def test_the_avatar_is_left_neutral_when_the_daemon_stops(prepared_models: None, tmp_path: Path) -> None:
-    """Issue 26: on SIGTERM (here --duration) the avatar kept its last expression. Now every stream last told
-    something else gets its neutral rule (reason stop) before the outputs close."""
-    from tests.conftest import run_cli
-
-    config = write_config(tmp_path / "config.yaml", [f"{{name: lobby, source: '{clip()}', fps: 8, loop: true}}"])
-    done = run_cli("run", "--config", str(config), "--duration", "6", timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    commands = [e for e in map(json.loads, done.stdout.splitlines()) if e["type"] == "command"]
-    assert any(c["emotion"] != "neutral" for c in commands), commands  # the clip's face made the avatar move
-    assert commands[-1]["emotion"] == "neutral" and commands[-1]["expression"]["preset"] == "neutral", commands[-1]
-    if commands[-2:-1] and commands[-2]["emotion"] != "neutral":
-        assert commands[-1]["reason"] == "stop"

@@ -65,19 +65,25 @@ def test_the_gaze_follows_a_step_without_overshoot_and_smooths_jitter() -> None:
 @pytest.mark.slow
 def test_a_vmc_stream_looks_at_the_face_it_reads(prepared_models: None, tmp_path: Path) -> None:
     """The daemon on a clip of one face: every bundle after the first look carries /VMC/Ext/Set/Eye, whose direction
-    stays within the targets' range (no overshoot) and follows them (same mean within 2°)."""
+    stays within the targets' range (no overshoot) and follows them (same mean within 2°). And when the daemon stops
+    (here --duration), the avatar is left neutral (issue 26: it kept its last expression), reason stop."""
     with OscReceiver() as receiver:
         config = tmp_path / "config.yaml"
         config.write_text(f"cameras: [{{name: lobby, source: '{clip()}', fps: 10, loop: true}}]\n"
                           "detector: {input_size: [320, 192]}\n"
-                          "outputs:\n  - {type: stdout, events: [lookat]}\n"
+                          "outputs:\n  - {type: stdout, events: [lookat, command]}\n"
                           f"  - {{type: osc, port: {receiver.port}, rate_hz: 30}}\n"
                           "server: {enabled: false}\n")
         done = run_cli("run", "--config", str(config), "--duration", "6", timeout=120)
         assert done.returncode == 0, done.stderr[-2000:]
         packets = receiver.wait_for(10_000, timeout=0.5)
-    looks = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert looks and all(e["type"] == "lookat" for e in looks)
+    events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    looks = [e for e in events if e["type"] == "lookat"]
+    commands = [e for e in events if e["type"] == "command"]
+    assert any(c["emotion"] != "neutral" for c in commands), commands  # the clip's face made the avatar move
+    assert commands[-1]["emotion"] == "neutral" and commands[-1]["expression"]["preset"] == "neutral", commands[-1]
+    if commands[-2]["emotion"] != "neutral":
+        assert commands[-1]["reason"] == "stop"
     faced = [e for e in looks if e["target"] is not None]
     assert faced, looks[:3]
     eyes = [args for _, messages in packets for address, args in messages if address == VMC_EYE]

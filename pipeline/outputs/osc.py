@@ -92,6 +92,7 @@ VMC_APPLY = "/VMC/Ext/Blend/Apply"
 VMC_TIME = "/VMC/Ext/T"
 VMC_EYE = "/VMC/Ext/Set/Eye"
 RECONNECT_EVERY_S = 1.0  # at most one attempt a second to open the socket (resolve the host)
+REFUSAL_HOLD_S = 1.0  # a refused datagram marks the receiver as down this long (see OscSink._recent_refusal)
 STATE_EVERY_S = 1.0  # plain: how often each avatar's current expression is resent
 STREAM_ONLY = ("mode", "names", "custom_names", "rate_hz", "intensity")  # keys protocol plain has no use for
 
@@ -135,7 +136,8 @@ class OscOutput(OutputSettings):
     look_at: bool = Field(True, description="The avatar looks at the face its behaviour attends to: vmc stream: "
                           "/VMC/Ext/Set/Eye (enable 1, a point 1 m away in the avatar's direction) in every bundle, "
                           "smoothed (a critically damped follower); plain: /emotion/<stream>/lookat (yaw, pitch in "
-                          "degrees, x, y, z in metres) as each target arrives. Placement: cameras[].placement.")
+                          "degrees, x, y, z in metres) as each target arrives, when `events` is left out or lists "
+                          "lookat. Placement: cameras[].placement.")
     intensity: Literal["fixed", "confidence"] = Field("fixed", description="vmc: fixed = the rule's weight; "
                                                       "confidence = the rule's weight times the command's smoothed "
                                                       "confidence.")
@@ -301,7 +303,10 @@ class OscSink(Sink):
         self.presets: tuple[str, ...] = tuple(dict.fromkeys([*self.name_set.names(presets), *cfg.presets]))
         self.stream = ExpressionStream()
         self.gaze = GazeFollower()
-        self.looks = cfg.look_at and (cfg.protocol == "plain" or cfg.mode == "stream")
+        # A VMC stream looks by itself (its events are commands only); plain sends lookat when its events are left
+        # to the default or list it (an explicit list is what the operator asked for).
+        self.looks = cfg.look_at and (cfg.mode == "stream" if cfg.protocol == "vmc" else
+                                      "events" not in cfg.model_fields_set or "lookat" in self.events)
         if self.looks:
             self.events = self.events | {"lookat"}
         self._started = time.monotonic()
@@ -310,6 +315,7 @@ class OscSink(Sink):
         self._client_lock = threading.Lock()  # the sink thread and the ticker share the socket
         self._delivery_lock = threading.Lock()
         self._frame_error: str | None = None
+        self._last_refusal: tuple[float, str] | None = None  # (monotonic time, why) of the newest refused datagram
         self._next_connect = 0.0  # monotonic time of the next attempt to open the socket
         self._connect_error: str | None = None
         self._ticker: Ticker | None = None
@@ -357,7 +363,7 @@ class OscSink(Sink):
         try:
             with self._client_lock:
                 client = self._connect()
-                refused = client.refusal()
+                refused = self._recent_refusal(client.refusal())
                 for message in messages:
                     client.send(message)
                     self._count_messages(sent=1)
@@ -367,6 +373,17 @@ class OscSink(Sink):
         if refused is not None:
             self._count_messages(failed=1)  # an earlier datagram came back refused: nothing listens there
             raise ConnectionRefusedError(f"{refused} (is the receiver running?)")
+
+    def _recent_refusal(self, refused: str | None) -> str | None:
+        """A refusal seen now, or within REFUSAL_HOLD_S: the receiver's "port unreachable" arrives a moment after a
+        datagram, so of two sent in quick succession (an observation and its look) the second would pass as
+        delivered and a dead receiver would never count as failing."""
+        now = time.monotonic()
+        if refused is not None:
+            self._last_refusal = (now, refused)
+            return refused
+        last = self._last_refusal
+        return last[1] if last is not None and now - last[0] < REFUSAL_HOLD_S else None
 
     def write(self, event: Event) -> None:
         """Send the event's datagrams (stream mode: retarget the stream); fail when they cannot leave, or when the
@@ -391,13 +408,16 @@ class OscSink(Sink):
             self._send(messages)
 
     def _look(self, event: Event) -> None:
-        """vmc stream: retarget the gaze the next bundles carry; plain: send the target as it is."""
+        """vmc stream: retarget the gaze the next bundles carry (failing, as a command does, while the stream's
+        frames are not delivered: a look is only as delivered as the frames that carry it); plain: send it as it is."""
         if self.cfg.protocol == "plain":
             x, y, z = (float(v) for v in event["point"])
             self._send([_message(f"/emotion/{event['stream']}/lookat", float(event["yaw"]), float(event["pitch"]),
                                  x, y, z)])
-        else:
-            self.gaze.command(float(event["yaw"]), float(event["pitch"]))
+            return
+        self.gaze.command(float(event["yaw"]), float(event["pitch"]))
+        if self._frame_error is not None:
+            raise ConnectionRefusedError(f"stream frames not delivered: {self._frame_error}")
 
     def command_weights(self, command: Event) -> dict[str, float]:
         """The names and weights a command's expression becomes in this output's name set and intensity."""

@@ -73,10 +73,15 @@ class PipelineMetrics:
             self.looks.labels(change.camera).inc()
 
     def forget_camera(self, camera: str) -> None:
-        """A camera removed by a reload takes its latency series with it."""
+        """A camera removed by a reload takes its latency and visitor series with it."""
         for stage in ("detect", "crop", "emotion", "total"):
             try:
                 self.stage_latency.remove(camera, stage)
+            except KeyError:
+                pass
+        for series in (self.visitors, self.dwell, self.looks):
+            try:
+                series.remove(camera)
             except KeyError:
                 pass
 
