@@ -17,9 +17,9 @@ import signal
 import threading
 import time
 from collections import Counter, deque
-from dataclasses import replace
 from collections.abc import Iterable
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -49,8 +49,6 @@ from pipeline.outputs.events import (
 )
 from pipeline.outputs.history import EventHistory
 from pipeline.outputs.websocket import EventHub
-from pipeline.service.config_editor import ConfigEditor
-from pipeline.service.trial import send_trial, streams, trial_command
 from pipeline.service.cameras import (
     Camera,
     DropCounter,
@@ -59,6 +57,7 @@ from pipeline.service.cameras import (
     new_camera,
     stop_cameras,
 )
+from pipeline.service.config_editor import ConfigEditor
 from pipeline.service.groups import (
     CameraGroup,
     GroupHandlers,
@@ -85,6 +84,7 @@ from pipeline.service.reload import ReloadPlan, enabled_cameras, plan_reload
 from pipeline.service.server import ServerStartError, StatusServer
 from pipeline.service.snapshot import DaemonSnapshot, ModelView, OutputView, model_view
 from pipeline.service.status import stage_problems, status_line
+from pipeline.service.trial import send_trial, streams, trial_command
 from pipeline.service.worker import CameraWorker
 
 if TYPE_CHECKING:
