@@ -25,8 +25,8 @@ def agreement(prepared_models: None) -> dict[str, dict[str, Any]]:
     perception = Perception.from_config(load_config(ROOT / "config" / "default.yaml"))
     results = {}
     try:
-        for name in ("woman2.mp4", "group_1080p.mp4"):
-            frames, fps = frames_of(data_path("video", name))
+        for name, most in (("woman2.mp4", 240), ("group_1080p.mp4", 10_000)):  # woman2's first 9.6 s (suite time)
+            frames, fps = frames_of(data_path("video", name), most)
             results[name] = compare_intervals(perception, frames, fps, 3).summary()
     finally:
         perception.close()
@@ -37,7 +37,7 @@ def test_one_face_is_followed_within_the_detections_box_and_reads_the_same(agree
     """woman2.mp4, one face turning and moving: every followed box overlaps the detection on its frame by IoU 0.8 or
     more (0.89 at worst when measured), and the smoothed emotion agrees on at least 97 % of them."""
     row = agreement["woman2.mp4"]
-    assert row["compared"] >= 300 and row["without_reference"] == 0, row
+    assert row["compared"] >= 150 and row["without_reference"] == 0, row
     assert row["iou_min"] >= 0.8, row
     assert row["smoothed_agreement"] >= 0.97, row
 

@@ -74,7 +74,7 @@ def test_a_vmc_stream_looks_at_the_face_it_reads(prepared_models: None, tmp_path
                           "outputs:\n  - {type: stdout, events: [lookat, command]}\n"
                           f"  - {{type: osc, port: {receiver.port}, rate_hz: 30}}\n"
                           "server: {enabled: false}\n")
-        done = run_cli("run", "--config", str(config), "--duration", "6", timeout=120)
+        done = run_cli("run", "--config", str(config), "--duration", "5", timeout=120)
         assert done.returncode == 0, done.stderr[-2000:]
         packets = receiver.wait_for(10_000, timeout=0.5)
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

@@ -16,7 +16,7 @@ from pipeline.core.types import Detection, EmotionScores, FaceResult, HeadPose, 
 from tests.conftest import data_path, run_cli
 
 FPS = 10
-EMPTY_S, FACE_S = 2.0, 4.0
+EMPTY_S, FACE_S = 1.5, 4.0
 
 
 def _observation(t: float, tracks: list[int], looking: bool = False) -> Observation:
@@ -43,7 +43,7 @@ def test_a_visitor_arrives_once_looks_and_leaves_with_its_dwell() -> None:
 
 
 def _clip(path: Path) -> Path:
-    """EMPTY_S of an empty room (woman2's first frame with the face blurred away), FACE_S of woman2, EMPTY_S again."""
+    """EMPTY_S of an empty room (a plain grey frame), FACE_S of woman2, EMPTY_S again."""
     capture = cv2.VideoCapture(str(data_path("video", "woman2.mp4")))
     frames = []
     while len(frames) < FACE_S * FPS * 2:
