@@ -13,6 +13,7 @@ crash sees the old file or the new one, never neither) → ask the daemon to rel
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import threading
@@ -50,12 +51,17 @@ def write_atomically(path: Path, text: str) -> None:
     """`text` becomes `path`'s content in one rename, after it reached the disk; the file keeps its mode."""
     temporary = path.with_name(f".{path.name}.saving")
     mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
-    with open(temporary, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.chmod(temporary, mode)
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except OSError:
+        with contextlib.suppress(OSError):  # no half-written temporary left beside the file
+            temporary.unlink()
+        raise
     _sync_directory(path.parent)
 
 
