@@ -93,3 +93,32 @@ def test_a_vmc_stream_looks_at_the_face_it_reads(prepared_models: None, tmp_path
     assert min(targets) - 0.5 <= min(streamed) and max(streamed) <= max(targets) + 0.5, \
         (min(targets), max(targets), min(streamed), max(streamed))
     assert abs(float(np.mean(streamed)) - float(np.mean(targets[len(targets) // 3:]))) < 2.0
+
+
+def test_an_arkit_rig_gets_its_eyes_as_eye_look_blendshapes() -> None:
+    """names: arkit: the gaze also as eyeLook* blendshapes (the rig's left and right), in every bundle of a real VMC
+    stream to a real receiver; looking 15° to the avatar's right and 5° down."""
+    import time
+
+    from pipeline.outputs.osc import ARKIT_EYES, VMC_VAL, OscOutput, OscSink, arkit_eye_weights
+
+    from tests.test_name_sets_table import ARKIT_NAMES
+
+    assert set(ARKIT_EYES) <= ARKIT_NAMES and len(ARKIT_EYES) == 8
+    eyes = arkit_eye_weights(15.0, -5.0)
+    assert eyes["eyeLookOutRight"] == eyes["eyeLookInLeft"] == 0.5
+    assert eyes["eyeLookDownLeft"] == eyes["eyeLookDownRight"] == 0.2
+    assert sum(eyes.values()) == pytest.approx(1.4) and arkit_eye_weights(0.0, 0.0) == dict.fromkeys(ARKIT_EYES, 0.0)
+    assert arkit_eye_weights(-90.0, 0.0)["eyeLookOutLeft"] == 1.0  # saturates
+    with OscReceiver() as receiver:
+        sink = OscSink(OscOutput(port=receiver.port, names="arkit", rate_hz=50))
+        sink.start()
+        sink.offer({"type": "lookat", "camera": "c", "avatar": None, "stream": "c", "ts": 0.0, "target": 1,
+                    "yaw": 15.0, "pitch": -5.0, "point": [0.0, 0.0, 1.0]})
+        time.sleep(1.0)  # the follower settles (0.42 s to 1 %); only the last bundle is read
+        sink.close()
+        packets = receiver.wait_for(10)
+    values = {args[0]: args[1] for address, args in packets[-1][1] if address == VMC_VAL}
+    assert set(ARKIT_EYES) <= set(values)
+    assert values["eyeLookOutRight"] == pytest.approx(0.5, abs=0.02) and values["eyeLookInRight"] == 0.0
+    assert values["eyeLookDownLeft"] == pytest.approx(0.2, abs=0.02) and values["eyeLookUpLeft"] == 0.0

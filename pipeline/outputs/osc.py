@@ -16,7 +16,8 @@ Each bundle:
     /VMC/Ext/T          (time: float)                 stream only: seconds since the output started (frame order)
     /VMC/Ext/Set/Eye    (1, x: float, y: float, z: float)   stream with look_at: where the eyes look, a point 1 m
                                                       away (x right, y up, z forward), following the attended face
-                                                      through a critically damped follower (GazeFollower)
+                                                      through a critically damped follower (GazeFollower); with
+                                                      names: arkit also as the eyeLook* Val blendshapes
     /VMC/Ext/Blend/Apply ()                           once, last
 
 The names come from the name set (`names:`, `pipeline.outputs.name_sets`): vrm1 (the VRM 1.0 presets happy, angry,
@@ -226,6 +227,26 @@ class OscOutput(OutputSettings):
             self.__dict__["mode"] = "stream" if self.protocol == "vmc" else "commands"
         return self
 
+ARKIT_EYES = tuple(f"eyeLook{way}{side}" for side in ("Left", "Right") for way in ("In", "Out", "Up", "Down"))
+ARKIT_EYE_RANGE_DEG = (30.0, 25.0)  # the eyes' turn (yaw, pitch) at which an eyeLook* blendshape reaches 1
+
+
+def arkit_eye_weights(yaw_deg: float, pitch_deg: float) -> dict[str, float]:
+    """The avatar's gaze as ARKit eye blendshapes (the rig's own left and right): looking to its right is the
+    right eye out and the left eye in; up and down alike for both eyes."""
+    side = min(1.0, abs(yaw_deg) / ARKIT_EYE_RANGE_DEG[0])
+    vertical = min(1.0, abs(pitch_deg) / ARKIT_EYE_RANGE_DEG[1])
+    weights = dict.fromkeys(ARKIT_EYES, 0.0)
+    if yaw_deg > 0:
+        weights["eyeLookOutRight"] = weights["eyeLookInLeft"] = round(side, 4)
+    elif yaw_deg < 0:
+        weights["eyeLookOutLeft"] = weights["eyeLookInRight"] = round(side, 4)
+    way = "Up" if pitch_deg > 0 else "Down"
+    if pitch_deg:
+        weights[f"eyeLook{way}Left"] = weights[f"eyeLook{way}Right"] = round(vertical, 4)
+    return weights
+
+
 def gaze_point(yaw_deg: float, pitch_deg: float) -> tuple[float, float, float]:
     """A point 1 m away in the direction (yaw to the avatar's right, pitch up): x right, y up, z forward, as a VRM
     avatar facing +z in Unity sees it."""
@@ -309,6 +330,8 @@ class OscSink(Sink):
                                       "events" not in cfg.model_fields_set or "lookat" in self.events)
         if self.looks:
             self.events = self.events | {"lookat"}
+            if cfg.names == "arkit":  # the eyes as ARKit rigs take them: eyeLook* blendshapes, reset in every bundle
+                self.presets = tuple(dict.fromkeys([*self.presets, *ARKIT_EYES]))
         self._started = time.monotonic()
         self._states: dict[str, tuple[str, str, float, str]] = {}  # plain: avatar → its current expression
         self._client: UdpTarget | None = None
@@ -465,7 +488,10 @@ class OscSink(Sink):
         """Stream mode, on the ticker: the current weights as one bundle."""
         now = time.monotonic()
         gaze = self.gaze.sample(now) if self.looks else None
-        self._tick_delivery(lambda: [self.bundle(self.stream.weights(now), now - self._started, gaze)])
+        weights = self.stream.weights(now)
+        if gaze is not None and self.cfg.names == "arkit":
+            weights = {**weights, **arkit_eye_weights(*gaze)}
+        self._tick_delivery(lambda: [self.bundle(weights, now - self._started, gaze)])
 
     def _remember_state(self, command: Event) -> None:
         state = (str(command["emotion"]), str(command["expression"]["preset"]),
