@@ -191,14 +191,14 @@ def test_shipped_configs_default_to_auto_and_check_config_says_so() -> None:
 
 
 def test_bench_pipeline_defaults_to_auto_and_names_the_size_it_used() -> None:
-    from pipeline.tools.bench_pipeline import _config, _input_used, add_pipeline_args
+    from pipeline.tools.bench_pipeline import _input_used, add_pipeline_args, bench_config
 
     parser = argparse.ArgumentParser()
     add_pipeline_args(parser)
     video = data_path("video", "group_1080p.mp4")
     args = parser.parse_args(["--video", str(video), "--cameras", "1"])
-    cfg = _config(args, naive=False)
+    cfg = bench_config(args, naive=False)
     assert args.detector_input == "auto" and cfg.detector.input_size == "auto"
     assert _input_used(cfg, video) == "640x352 for 1920x1080 frames"
-    fixed = _config(parser.parse_args(["--video", str(video), "--detector-input", "640x480"]), naive=False)
+    fixed = bench_config(parser.parse_args(["--video", str(video), "--detector-input", "640x480"]), naive=False)
     assert _input_used(fixed, video) == "640x480 for 1920x1080 frames"

@@ -8,35 +8,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 import pytest
 
-from pipeline.vision.head_pose import head_pose
-from tests.conftest import data_path
+from tests.conftest import data_path, load_tool
 
 PHOTOS = 60  # of faces/wild, sorted by name (keeps the suite short; tools/lookat_check.py runs them all)
 
 
 @pytest.fixture(scope="module")
 def poses(prepared_models: None, perception: Any) -> list[tuple[Any, Any, bool]]:
-    """(pose of the photo's largest face, pose of the mirrored photo's, whether its landmarks are symmetric)."""
-    found = []
-    for path in sorted(Path(data_path("faces", "wild")).rglob("*.*"))[:PHOTOS]:
-        image = cv2.imread(str(path))
-        if image is None:
-            continue
-        faces = perception.detector.detect(image, 30)
-        mirrored = perception.detector.detect(np.ascontiguousarray(image[:, ::-1]), 30)
-        if not faces or not mirrored:
-            continue
-        a = max(faces, key=lambda d: d.area)
-        b = max(mirrored, key=lambda d: d.area)
-        size = (image.shape[1], image.shape[0])
-        eye_a, eye_b, nose = a.landmarks[0], a.landmarks[1], a.landmarks[2]
-        symmetric = abs(nose[0] - (eye_a[0] + eye_b[0]) / 2) < 0.05 * abs(eye_b[0] - eye_a[0])
-        found.append((head_pose(a.landmarks, size), head_pose(b.landmarks, size), symmetric))
-    return found
+    """(pose of the photo's largest face, pose of the mirrored photo's, whether its landmarks are symmetric), as
+    tools/lookat_check.py finds them."""
+    photos = sorted(Path(data_path("faces", "wild")).rglob("*.*"))[:PHOTOS]
+    return [(m.pose, m.mirrored, m.symmetric) for m in load_tool("lookat_check").mirrored_poses(perception, photos)]
 
 
 def test_a_mirrored_photo_turns_the_other_way_and_nods_the_same(poses: list) -> None:

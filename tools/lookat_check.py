@@ -23,6 +23,7 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,16 +38,29 @@ from pythonosc import osc_packet  # noqa: E402
 from pipeline.behavior.lookat import angles, face_point  # noqa: E402
 from pipeline.capture.settings import Placement  # noqa: E402
 from pipeline.config.app import load_config  # noqa: E402
-from pipeline.core.types import EmotionScores, FaceResult  # noqa: E402
+from pipeline.core.types import EmotionScores, FaceResult, HeadPose  # noqa: E402
 from pipeline.inference.perception import Perception  # noqa: E402
 from pipeline.outputs.osc import VMC_EYE, OscOutput, OscSink  # noqa: E402
 from pipeline.vision.head_pose import head_pose  # noqa: E402
 
 
-def head_pose_figures(perception: Perception, photos: Path) -> dict[str, Any]:
-    yaw, pitch, roll, frontal = [], [], [], []
-    seen: list[tuple[np.ndarray, tuple[int, int]]] = []
-    for path in sorted(photos.rglob("*.*")):
+@dataclass(frozen=True)
+class MirroredPose:
+    """One photo's largest face: its landmarks, the frame size, its pose, the pose of the mirrored photo's largest
+    face (each from its own detection), and whether its landmarks are symmetric (nose within 5 % of the eye distance
+    from the eyes' midpoint)."""
+
+    landmarks: np.ndarray
+    size: tuple[int, int]
+    pose: HeadPose | None
+    mirrored: HeadPose | None
+    symmetric: bool
+
+
+def mirrored_poses(perception: Perception, paths: list[Path]) -> list[MirroredPose]:
+    """The detector on each photo and on its mirror image (photos where either has no face are left out)."""
+    found = []
+    for path in paths:
         image = cv2.imread(str(path))
         if image is None:
             continue
@@ -56,16 +70,21 @@ def head_pose_figures(perception: Perception, photos: Path) -> dict[str, Any]:
             continue
         a, b = max(faces, key=lambda d: d.area), max(mirrored, key=lambda d: d.area)
         size = (image.shape[1], image.shape[0])
-        seen.append((a.landmarks, size))
-        pa, pb = head_pose(a.landmarks, size), head_pose(b.landmarks, size)
-        if pa is None or pb is None:
-            continue
-        yaw.append(abs(pa.yaw + pb.yaw))
-        pitch.append(abs(pa.pitch - pb.pitch))
-        roll.append(abs(pa.roll + pb.roll))
         eye_a, eye_b, nose = a.landmarks[0], a.landmarks[1], a.landmarks[2]
-        if abs(nose[0] - (eye_a[0] + eye_b[0]) / 2) < 0.05 * abs(eye_b[0] - eye_a[0]):
-            frontal.append(abs(pa.yaw) < 10)
+        symmetric = bool(abs(nose[0] - (eye_a[0] + eye_b[0]) / 2) < 0.05 * abs(eye_b[0] - eye_a[0]))
+        found.append(MirroredPose(a.landmarks, size, head_pose(a.landmarks, size), head_pose(b.landmarks, size),
+                                  symmetric))
+    return found
+
+
+def head_pose_figures(perception: Perception, photos: Path) -> dict[str, Any]:
+    found = mirrored_poses(perception, sorted(photos.rglob("*.*")))
+    pairs = [(m.pose, m.mirrored) for m in found if m.pose is not None and m.mirrored is not None]
+    yaw = [abs(a.yaw + b.yaw) for a, b in pairs]
+    pitch = [abs(a.pitch - b.pitch) for a, b in pairs]
+    roll = [abs(a.roll + b.roll) for a, b in pairs]
+    frontal = [abs(m.pose.yaw) < 10 for m in found if m.symmetric and m.pose is not None and m.mirrored is not None]
+    seen = [(m.landmarks, m.size) for m in found]
 
     def spread(values: list[float]) -> dict[str, float]:
         v = np.asarray(values)

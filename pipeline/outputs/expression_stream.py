@@ -9,6 +9,8 @@ A command that arrives mid-blend starts from where the face is, never jumps. The
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -94,8 +96,6 @@ class GazeFollower:
 
 def _spring(x: float, v: float, target: float, omega: float, dt: float) -> tuple[float, float]:
     """Exact critically damped step of x'' = omega^2 (target - x) - 2 omega x' over dt (stable at any dt)."""
-    import math
-
     e = x - target
     decay = math.exp(-omega * dt)
     c = v + omega * e

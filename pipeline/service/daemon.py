@@ -317,9 +317,10 @@ class Daemon:
         outputs close, so an avatar does not keep its last face after the daemon has gone."""
         if not self.started:
             return
+        known = set(streams(self.cfg))
         commands = [replace(trial_command(self.cfg, stream, "neutral"), reason="stop")
                     for stream, last in self.current.items()
-                    if last and last.get("emotion") != "neutral" and stream in streams(self.cfg)]
+                    if last and last.get("emotion") != "neutral" and stream in known]
         self._publish_commands(commands)
 
     def send_trial(self, stream: str, expression: str, weight: float | None = None) -> Event:

@@ -32,7 +32,7 @@ from pipeline.inference.perception import load_perception
 from pipeline.service.parts import limit_opencv_threads, new_tracker
 from pipeline.service.worker import CameraWorker
 from pipeline.tools.bench_groups import host_memory_mb
-from pipeline.tools.bench_pipeline import _config, _decoder_kind, _intervals, _video_format
+from pipeline.tools.bench_pipeline import bench_config, decoder_kind, parse_intervals, video_format
 
 SAMPLE_S = 0.5
 
@@ -95,15 +95,15 @@ def _peak_while(seconds: float) -> float | None:
 
 
 def bench_memory(args: argparse.Namespace) -> dict[str, Any]:
-    interval = _intervals(args.interval)[0]
-    cfg = _config(args, naive=False, interval=interval)
+    interval = parse_intervals(args.interval)[0]
+    cfg = bench_config(args, naive=False, interval=interval)
     steps = Steps()
     steps.mark("start")
     steps.mark("CUDA context", note=_cuda_context(cfg.inference.device))
     perception = load_perception(cfg)
     steps.mark("models loaded", note=cfg.emotion.model)
     device_frames = cfg.inference.graph_frames and cfg.inference.device == "cuda"
-    fmt = _video_format(args.video, device_frames and cfg.cameras[0].decode != "cpu")
+    fmt = video_format(args.video, device_frames and cfg.cameras[0].decode != "cpu")
     if isinstance(perception, FramePerception) and fmt is not None:
         perception.prepare(fmt)
         steps.mark("frames prepared", note=f"{fmt.width}x{fmt.height} {fmt.order}")
@@ -122,7 +122,7 @@ def bench_memory(args: argparse.Namespace) -> dict[str, Any]:
         for capture in captures:
             capture.start()
         time.sleep(args.settle_s)
-        steps.mark("cameras decoding", note=f"{len(captures)} cameras, decoded by {_decoder_kind(captures)}")
+        steps.mark("cameras decoding", note=f"{len(captures)} cameras, decoded by {decoder_kind(captures)}")
         for worker in workers:
             worker.start()
         peak = _peak_while(args.duration)

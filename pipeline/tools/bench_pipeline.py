@@ -98,7 +98,7 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the results here")
 
 
-def _config(args: argparse.Namespace, naive: bool, interval: int | None = None) -> AppConfig:
+def bench_config(args: argparse.Namespace, naive: bool, interval: int | None = None) -> AppConfig:
     base = load_config(args.config)
     cameras = [CameraConfig(name=f"cam{i}", source=str(args.video), loop=True, fps=args.fps,
                             decode_threads=args.decode_threads, nice=args.capture_nice, decode=args.decode)
@@ -145,7 +145,7 @@ def _detector_input(text: str) -> tuple[int, int] | str:
 def _input_used(cfg: AppConfig, video: Path) -> str:
     """The detector input the cameras' frames get, for the table and the JSON: `640x352 for 1920x1080 frames`
     (the demo clip, whose size is not known before it plays: the setting only)."""
-    fmt = _video_format(video, nvdec=False)
+    fmt = video_format(video, nvdec=False)
     if fmt is None:
         return cfg.detector.describe_input()
     width, height = cfg.detector.input_for((fmt.width, fmt.height))
@@ -208,7 +208,7 @@ class _TritonWindow:
 
 
 def run_mode(args: argparse.Namespace, naive: bool, interval: int | None = None) -> dict[str, Any]:
-    cfg = _config(args, naive, interval)
+    cfg = bench_config(args, naive, interval)
     if cfg.inference.processes > 1:
         return _run_grouped(args, cfg)
     triton = _TritonWindow(cfg)
@@ -219,7 +219,7 @@ def run_mode(args: argparse.Namespace, naive: bool, interval: int | None = None)
     device_frames = cfg.inference.graph_frames and cfg.inference.device == "cuda"
     for perception in unique:
         perception.warm_up()  # type: ignore[union-attr]
-        fmt = _video_format(args.video, device_frames and cfg.cameras[0].decode != "cpu")
+        fmt = video_format(args.video, device_frames and cfg.cameras[0].decode != "cpu")
         if isinstance(perception, FramePerception) and fmt is not None:
             perception.prepare(fmt)
     stop, recorder = threading.Event(), _Recorder()
@@ -254,7 +254,7 @@ def run_mode(args: argparse.Namespace, naive: bool, interval: int | None = None)
                                       "decode_threads": args.decode_threads, "decode": args.decode,
                                       "frame_path": "graph" if cfg.inference.graph_frames else "opencv",
                                       "frames_in_flight": _in_flight(workers),
-                                      "decoder": _decoder_kind(captures), "gpu_utilisation": utilisation,
+                                      "decoder": decoder_kind(captures), "gpu_utilisation": utilisation,
                                       "capture_nice": args.capture_nice, "backend": cfg.inference.backend,
                                       "triton": triton_window, "interval": cfg.detector.interval}
 
@@ -276,7 +276,7 @@ def _in_flight(workers: list[CameraWorker]) -> dict[str, int]:
             "most": max(w.stats.most_in_flight for w in workers)}
 
 
-def _decoder_kind(captures: list[CaptureThread]) -> str:
+def decoder_kind(captures: list[CaptureThread]) -> str:
     """What decoded the cameras in the end (`decode auto` may have fallen back to the CPU): nvdec, cpu or mixed."""
     on_gpu = [c.reader.source_kind == "nvdec" for c in captures if c.reader is not None and c.reader.source_kind]
     if not on_gpu:
@@ -284,7 +284,7 @@ def _decoder_kind(captures: list[CaptureThread]) -> str:
     return "nvdec" if all(on_gpu) else "mixed" if any(on_gpu) else "cpu"
 
 
-def _video_format(video: Path, nvdec: bool) -> FrameFormat | None:
+def video_format(video: Path, nvdec: bool) -> FrameFormat | None:
     """The frame format the cameras will deliver: the clip's size, RGB from NVDEC or BGR from OpenCV (a camera that
     falls back to the CPU brings a format not prepared here: the first batch prepares it, late). None when the
     source is not a readable file (the demo clip): its format is prepared by the first batch."""
@@ -326,7 +326,7 @@ def bench_pipeline(args: argparse.Namespace) -> dict[str, Any]:
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1000.0)
     modes = ["batched", "naive"] if args.mode == "both" else [args.mode]
-    intervals = _intervals(args.interval)
+    intervals = parse_intervals(args.interval)
     results = [run_mode(args, naive=(mode == "naive"), interval=interval)
                for _ in range(max(1, args.repeat)) for interval in intervals for mode in modes]
     out: dict[str, Any] = {"mode": "pipeline", "video": str(args.video), "device": args.device,
@@ -339,7 +339,7 @@ def bench_pipeline(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _intervals(text: str | None) -> list[int | None]:
+def parse_intervals(text: str | None) -> list[int | None]:
     """--interval: None (the config's) or each listed N."""
     if text is None:
         return [None]
