@@ -191,7 +191,7 @@ def verify_model(manifest: ModelManifest, path: Path, reference: Path | None = N
 
     sample = _sample_input(manifest, 4)
     try:
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(str(path), quiet_options(ort), providers=["CPUExecutionProvider"])
         outputs = session.run(None, {PREPARED_INPUT: sample})
     except Exception as exc:  # noqa: BLE001 - ORT raises several unrelated types for a bad file
         raise ModelError(f"{manifest.name}: {path.name} does not run in ONNX Runtime: {exc}") from exc
@@ -203,7 +203,8 @@ def verify_model(manifest: ModelManifest, path: Path, reference: Path | None = N
             raise ModelError(f"{manifest.name}: {path.name} output {name} is not finite on a test input")
     checked = {"batch": 4.0}
     if reference is not None and manifest.role == "emotion":
-        ref = ort.InferenceSession(str(reference), providers=["CPUExecutionProvider"]).run(None, {PREPARED_INPUT: sample})
+        ref = ort.InferenceSession(str(reference), quiet_options(ort),
+                                   providers=["CPUExecutionProvider"]).run(None, {PREPARED_INPUT: sample})
         checked["top1_agreement_random"] = float(np.mean(np.argmax(ref[0], 1) == np.argmax(outputs[0], 1)))
     return checked
 
@@ -267,11 +268,19 @@ def _answers(manifest: ModelManifest, session: Any, inputs: list[np.ndarray]) ->
     return [len(detect_faces(session, manifest, batch)) for batch in inputs]
 
 
+def quiet_options(ort: Any) -> Any:
+    """Session options for the checks here: ONNX Runtime's own warnings off (e.g. "Removing initializer ... not used
+    by any node" for each constant the graph optimiser drops, on every first run), as the daemon's sessions have."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return options
+
+
 def _cpu_session(path: Path) -> Any:
     import onnxruntime as ort
 
     try:
-        return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(str(path), quiet_options(ort), providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - ORT raises several unrelated types for a bad file
         raise ModelError(f"{path.name} does not load in ONNX Runtime: {exc}") from exc
 

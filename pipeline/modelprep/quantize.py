@@ -136,7 +136,9 @@ def sample_face_crops(manifest: ModelManifest, detector: ModelManifest, detector
     from pipeline.vision.align import box_crop
     from pipeline.vision.retinaface import letterbox
 
-    session = ort.InferenceSession(str(detector_path), providers=["CPUExecutionProvider"])
+    from pipeline.modelprep.prepare import quiet_options
+
+    session = ort.InferenceSession(str(detector_path), quiet_options(ort), providers=["CPUExecutionProvider"])
     crops = []
     for photo in sample_photos():
         canvas, fit = letterbox(photo, DETECTOR_CALIB_SIZE)
