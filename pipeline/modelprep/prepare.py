@@ -40,6 +40,7 @@ from pipeline.modelprep.manifest import (
     Precision,
     load_manifest,
 )
+from pipeline.modelprep.sessions import quiet_options
 
 log = logging.getLogger(__name__)
 
@@ -266,14 +267,6 @@ def _answers(manifest: ModelManifest, session: Any, inputs: list[np.ndarray]) ->
         probs = session.run(None, {PREPARED_INPUT: np.concatenate(inputs)})[0]
         return [int(i) for i in np.argmax(probs, axis=1)]
     return [len(detect_faces(session, manifest, batch)) for batch in inputs]
-
-
-def quiet_options(ort: Any) -> Any:
-    """Session options for the checks here: ONNX Runtime's own warnings off (e.g. "Removing initializer ... not used
-    by any node" for each constant the graph optimiser drops, on every first run), as the daemon's sessions have."""
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    return options
 
 
 def _cpu_session(path: Path) -> Any:

@@ -29,6 +29,7 @@ from onnx import version_converter
 
 from pipeline.modelprep.graph_edit import PREPARED_INPUT, PREPROCESSING_NODES
 from pipeline.modelprep.manifest import ModelError, ModelManifest
+from pipeline.modelprep.sessions import quiet_options
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +136,6 @@ def sample_face_crops(manifest: ModelManifest, detector: ModelManifest, detector
 
     from pipeline.vision.align import box_crop
     from pipeline.vision.retinaface import letterbox
-
-    from pipeline.modelprep.prepare import quiet_options
 
     session = ort.InferenceSession(str(detector_path), quiet_options(ort), providers=["CPUExecutionProvider"])
     crops = []
