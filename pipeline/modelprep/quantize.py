@@ -176,8 +176,11 @@ def quantize_int8(manifest: ModelManifest, fp32_path: Path, out_path: Path, cali
     log.info("%s: calibrating int8 on %s", manifest.name, calib_dir)
     with tempfile.TemporaryDirectory() as tmp:
         source = _at_least_opset(fp32_path, Path(tmp) / "opset.onnx")
+        # reduce_range: 7-bit weights. x86 CPUs without VNNI (AVX2-only, e.g. many AMD EPYCs) multiply int8 pairs
+        # into 16-bit sums that saturate with 8-bit weights: mini-Xception's int8 then agreed with fp32 on 83 % of
+        # faces there against >= 90 % on VNNI CPUs. The variant is made where it runs, on any of them.
         quantize_static(str(source), str(out_path), _Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                        reduce_range=True, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
                         nodes_to_exclude=list(PREPROCESSING_NODES),
                         extra_options={"ActivationSymmetric": True, "WeightSymmetric": True})
 

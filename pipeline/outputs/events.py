@@ -89,11 +89,13 @@ def current_json(command: Event) -> dict[str, Any]:
     return {key: command[key] for key in ("emotion", "expression", "tone", "camera", "target", "ts")}
 
 
-def snapshot_event(cameras: dict[str, str], current: dict[str, dict[str, Any] | None]) -> Event:
+def snapshot_event(cameras: dict[str, str], current: dict[str, dict[str, Any] | None],
+                   looks: dict[str, dict[str, Any] | None] | None = None) -> Event:
     """The first message of every /ws client: each camera's state and each avatar's (without avatars: each
-    camera's) current expression and tone, None before its first command, so a late joiner starts in step."""
+    camera's) current expression and tone, None before its first command, and where it looks (its last lookat
+    event, None before the first), so a late joiner starts in step."""
     return {"type": "snapshot", "camera": None, "ts": round(time.time(), 3), "cameras": cameras,
-            "avatars": current}
+            "avatars": current, "looks": looks or {}}
 
 
 def camera_event(event: CameraEvent) -> Event:

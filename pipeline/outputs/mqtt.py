@@ -16,7 +16,8 @@ acknowledged, and keeps messages published while disconnected to send on reconne
 limit of the same name per subscriber, 1000 by default in mosquitto, which dropped half of a 10,000-event burst in
 the issue's measurement: raise it in mosquitto.conf (README). Commands and camera states use QoS 1
 by default (delivered at least once, so a command survives a broker restart), observations QoS 0 (10 a second per
-camera: a lost one is replaced by the next).
+camera: a lost one is replaced by the next). Event types in `retain` (lookat by default, when `events` lists it) are
+retained: the newest look target of each camera's topic is the avatar's look-at *state* for late subscribers.
 
 Duplicates: QoS 1 is at-least-once, so a consumer must drop repeats by `seq`. `seq` grows by one per event of this
 output and starts, at each start of the output (daemon start, or a reload that changes the outputs), at the wall
@@ -136,7 +137,10 @@ class MqttOutput(OutputSettings):
     max_queued_messages: int = Field(100_000, ge=1, le=10_000_000, description="QoS 1/2 messages the client "
                                      "keeps while unacknowledged or disconnected; beyond it events fail.")
     events: list[EventName] = Field(default_factory=lambda: list(ALL_EVENTS), min_length=1,
-                                    description="Event types published.")
+                                    description="Event types published (lookat only when listed).")
+    retain: list[EventName] = Field(default_factory=lambda: ["lookat"], description="Event types published as "
+                                    "retained messages: a subscriber that joins later gets the newest one of each "
+                                    "topic at once. lookat (the default): where each avatar looks now.")
     queue_size: int = Field(1024, ge=1, le=100_000, description="Events buffered before new ones are dropped "
                                                                 "(and counted).")
 
@@ -300,7 +304,7 @@ class MqttSink(Sink):
         self.seq += 1
         qos = self.cfg.qos.get(event["type"], 0)
         body = json.dumps({**event, "seq": self.seq}, separators=(",", ":"))
-        info = self.client.publish(self.topic_for(event), body, qos=qos)
+        info = self.client.publish(self.topic_for(event), body, qos=qos, retain=event["type"] in self.cfg.retain)
         if qos:
             self._last_reliable = info
         if info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS:

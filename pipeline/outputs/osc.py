@@ -18,6 +18,9 @@ Each bundle:
                                                       away (x right, y up, z forward), following the attended face
                                                       through a critically damped follower (GazeFollower); with
                                                       names: arkit also as the eyeLook* Val blendshapes
+    /VMC/Ext/Bone/Pos   ("Head", px, py, pz, qx, qy, qz, qw)   stream with look_at and head_turn > 0: the head bone
+                                                      turned by head_turn of the gaze's yaw and pitch (local
+                                                      rotation, Unity's axes; position: head_position_m)
     /VMC/Ext/Blend/Apply ()                           once, last
 
 The names come from the name set (`names:`, `pipeline.outputs.name_sets`): vrm1 (the VRM 1.0 presets happy, angry,
@@ -92,6 +95,7 @@ VMC_VAL = "/VMC/Ext/Blend/Val"
 VMC_APPLY = "/VMC/Ext/Blend/Apply"
 VMC_TIME = "/VMC/Ext/T"
 VMC_EYE = "/VMC/Ext/Set/Eye"
+VMC_BONE = "/VMC/Ext/Bone/Pos"
 RECONNECT_EVERY_S = 1.0  # at most one attempt a second to open the socket (resolve the host)
 REFUSAL_HOLD_S = 1.0  # a refused datagram marks the receiver as down this long (see OscSink._recent_refusal)
 STATE_EVERY_S = 1.0  # plain: how often each avatar's current expression is resent
@@ -139,6 +143,14 @@ class OscOutput(OutputSettings):
                           "smoothed (a critically damped follower); plain: /emotion/<stream>/lookat (yaw, pitch in "
                           "degrees, x, y, z in metres) as each target arrives, when `events` is left out or lists "
                           "lookat. Placement: cameras[].placement.")
+    head_turn: float = Field(0.0, ge=0.0, le=1.0, description="vmc stream with look_at: the share of the look "
+                             "made by turning the head, sent as /VMC/Ext/Bone/Pos Head (local rotation) in every "
+                             "bundle; 0 (the default): the eyes only, no bone message. People turn the head for "
+                             "about 0.3-0.5 of a glance.")
+    head_position_m: tuple[float, float, float] = Field((0.0, 0.06, 0.0), description="vmc stream with head_turn: "
+                                                        "the Head bone's local position sent with its rotation "
+                                                        "(receivers that apply bone positions need the rig's own; "
+                                                        "a VRM humanoid's head sits about 6 cm above its neck).")
     intensity: Literal["fixed", "confidence"] = Field("fixed", description="vmc: fixed = the rule's weight; "
                                                       "confidence = the rule's weight times the command's smoothed "
                                                       "confidence.")
@@ -252,6 +264,15 @@ def gaze_point(yaw_deg: float, pitch_deg: float) -> tuple[float, float, float]:
     avatar facing +z in Unity sees it."""
     yaw, pitch = math.radians(yaw_deg), math.radians(pitch_deg)
     return (round(math.sin(yaw) * math.cos(pitch), 4), round(math.sin(pitch), 4), round(math.cos(yaw) * math.cos(pitch), 4))
+
+
+def head_rotation(yaw_deg: float, pitch_deg: float) -> tuple[float, float, float, float]:
+    """The head bone's local rotation (x, y, z, w) turning it by `yaw_deg` to the avatar's right and `pitch_deg` up,
+    in Unity's left-handed axes (y up, z forward): yaw about +y (turns +z towards +x), then pitch about +x (positive
+    turns +z down, so up is negative), the yaw applied last (q_yaw * q_pitch)."""
+    half_yaw, half_pitch = math.radians(yaw_deg) / 2.0, math.radians(-pitch_deg) / 2.0
+    sy, cy, sx, cx = math.sin(half_yaw), math.cos(half_yaw), math.sin(half_pitch), math.cos(half_pitch)
+    return (round(cy * sx, 5), round(sy * cx, 5), round(-sy * sx, 5), round(cy * cx, 5))
 
 
 class UdpTarget:
@@ -470,6 +491,10 @@ class OscSink(Sink):
             bundle.add_content(_message(VMC_TIME, float(stream_time)))
         if gaze is not None:
             bundle.add_content(_message(VMC_EYE, 1, *gaze_point(*gaze)))
+            if self.cfg.head_turn > 0:
+                turn = self.cfg.head_turn
+                bundle.add_content(_message(VMC_BONE, "Head", *map(float, self.cfg.head_position_m),
+                                            *head_rotation(gaze[0] * turn, gaze[1] * turn)))
         bundle.add_content(_message(VMC_APPLY))
         return bundle.build()
 

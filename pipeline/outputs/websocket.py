@@ -10,7 +10,8 @@ A client may ask for some event types only: `/ws?types=command` or `/ws?types=co
 Late joiners: every client first gets one `snapshot` event (a client with `?types=` only when it names
 `snapshot`, e.g. `/ws?types=snapshot,command`: clients written before it existed see nothing new), built by the hub's `snapshot`
 callable (the daemon's) on the server's loop before the client joins the fan-out: each camera's state and each
-avatar's current expression and tone. Events already on their way may repeat what the snapshot says; none is lost
+avatar's current expression and tone, and where each avatar looks (its last `lookat` target, when the output
+sends lookat events). Events already on their way may repeat what the snapshot says; none is lost
 between the snapshot and the stream, because the client is added to the fan-out in the same loop step.
 """
 
@@ -24,7 +25,7 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from aiohttp import WSMsgType, web
 from pydantic import Field
@@ -35,7 +36,7 @@ from pipeline.outputs.events import Event
 
 log = logging.getLogger(__name__)
 
-EVENT_TYPES = frozenset({"observation", "command", "camera", "config", "snapshot"})
+EVENT_TYPES = frozenset({*get_args(EventName), "config", "snapshot"})
 DEFAULT_QUEUE = 256
 # How much may sit in buffers for one client before its queue starts to fill: the kernel's send buffer (fixed, so
 # that autotuning cannot hide a stuck client behind megabytes; 64 KiB allows > 1 MB/s at 50 ms round trip, far

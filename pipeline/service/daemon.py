@@ -138,6 +138,7 @@ class Daemon:
         self.presence = Presence(cfg.behavior.presence)
         self.greeter = Greeter()
         self.current: dict[str, Event] = {}  # avatar (else camera) → its last command, for late joiners
+        self.looks: dict[str, Event] = {}  # avatar (else camera) → its last lookat event, for late joiners
         self.mapper_heartbeat = time.monotonic()
         self.mapper_thread = threading.Thread(target=self._mapper_loop, name="behavior", daemon=True)
         self.notifier = notifier or Notifier()
@@ -309,8 +310,9 @@ class Daemon:
     def _publish_looks(self, targets: Iterable[LookTarget | None]) -> None:
         for t in targets:
             if t is not None:
-                self.bus.publish(lookat_event(t.stream, t.avatar, t.camera, t.track_id, t.yaw_deg, t.pitch_deg,
-                                              t.point_m))
+                event = lookat_event(t.stream, t.avatar, t.camera, t.track_id, t.yaw_deg, t.pitch_deg, t.point_m)
+                self.looks = {**self.looks, t.stream: event}  # one assignment: the server's loop reads it
+                self.bus.publish(event)
 
     def _neutral_at_stop(self) -> None:
         """Every stream whose avatar was last told something else gets its neutral rule (reason "stop") before the
@@ -332,11 +334,12 @@ class Daemon:
 
     def ws_snapshot(self) -> Event:
         """What a /ws client gets first (on the server's loop, so only plain reads): every camera's state and each
-        stream's (avatar's, or a camera's in no avatar) current command, None before the first."""
+        stream's (avatar's, or a camera's in no avatar) current command and look target, None before the first."""
         cameras = {name: str(cam.capture.state) for name, cam in self.cameras.items()}
-        current, mapper = self.current, self.mapper
+        current, looks, mapper = self.current, self.looks, self.mapper
         streams = mapper.names(c.name for c in self.cfg.cameras if c.enabled)
-        return snapshot_event(cameras, {name: current.get(name) for name in streams})
+        return snapshot_event(cameras, {name: current.get(name) for name in streams},
+                              {name: looks.get(name) for name in streams})
 
     def _workers_alive(self) -> bool:
         return any(cam.worker.is_alive() for cam in self.cameras.values()) or any(g.alive() for g in self.groups)
