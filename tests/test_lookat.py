@@ -153,3 +153,23 @@ def test_the_head_bone_turns_by_its_share_of_the_look() -> None:
     x, y, z = forward(*rotation)
     assert math.degrees(math.atan2(x, z)) == pytest.approx(12.0, abs=0.2)  # 0.4 of 30° to the right
     assert math.degrees(math.atan2(y, math.hypot(x, z))) == pytest.approx(4.0, abs=0.2)  # 0.4 of 10° up
+
+
+def test_the_tile_marks_the_face_the_avatar_looks_at() -> None:
+    """The status page's preview frames the attended face a second time (white, outside its box) and labels it; a
+    track that is not in the frame marks nothing."""
+    from pipeline.core.types import Observation
+    from pipeline.service.preview import ATTENDED_COLOUR, annotate
+
+    image = np.full((360, 640, 3), 60, np.uint8)
+    faces = (FaceResult(Detection((100, 100, 200, 200), 0.9, np.zeros((5, 2), np.float32)),
+                        EmotionScores(np.full(7, 1 / 7, np.float32)), 7),
+             FaceResult(Detection((400, 100, 500, 200), 0.9, np.zeros((5, 2), np.float32)),
+                        EmotionScores(np.full(7, 1 / 7, np.float32)), 8))
+    obs = Observation("lobby", 1, 0.0, 0.0, (640, 360), faces, {})
+    plain, marked, absent = (annotate(image, obs, attended=a) for a in (None, 7, 9))
+    assert np.array_equal(plain, absent)
+    changed = np.argwhere((plain != marked).any(axis=2))
+    assert len(changed), "nothing marked"
+    assert (marked[205, 100:200] == ATTENDED_COLOUR).all()  # the outer frame below face 7's box
+    assert changed[:, 1].max() < 400  # face 8 (x 400..500) untouched

@@ -42,6 +42,37 @@ def test_a_visitor_arrives_once_looks_and_leaves_with_its_dwell() -> None:
     assert [c.kind for c in presence.camera_left("lobby")] == []  # track 8 never arrived
 
 
+def test_the_voice_is_quieter_when_the_visitor_looks_away() -> None:
+    """behavior.unwatched_volume: a command answering a face that does not look at the camera takes that volume;
+    one that looks keeps its rule's, as does every command without the setting. Bad values are refused."""
+    from pydantic import ValidationError
+
+    from pipeline.behavior.mapper import BehaviorMapper
+    from pipeline.behavior.settings import BehaviorConfig
+
+    happy = np.zeros(7, np.float32)
+    happy[3] = 1.0
+
+    def first_command(cfg: BehaviorConfig, looking: bool) -> str:
+        mapper = BehaviorMapper(cfg)
+        for k in range(20):
+            face = FaceResult(Detection((0, 0, 10, 10), 0.9, np.zeros((5, 2), np.float32)), EmotionScores(happy), 7,
+                              None, HeadPose(0.0, 0.0, 0.0, looking))
+            commands = mapper.update(Observation("lobby", k, k / 10, 1000.0 + k / 10, (640, 360), (face,), {}))
+            if commands:
+                return commands[0].tone.volume
+        raise AssertionError("no command")
+
+    quiet = BehaviorConfig(unwatched_volume="-6dB")
+    rule_volume = quiet.rule_for("happy").tone.volume
+    assert rule_volume != "-6dB"
+    assert first_command(quiet, looking=False) == "-6dB"
+    assert first_command(quiet, looking=True) == rule_volume
+    assert first_command(BehaviorConfig(), looking=False) == rule_volume
+    with pytest.raises(ValidationError, match="unwatched_volume"):
+        BehaviorConfig(unwatched_volume="quiet please")
+
+
 def _clip(path: Path) -> Path:
     """EMPTY_S of an empty room (a plain grey frame), FACE_S of woman2, EMPTY_S again."""
     capture = cv2.VideoCapture(str(data_path("video", "woman2.mp4")))

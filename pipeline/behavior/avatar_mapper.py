@@ -34,6 +34,7 @@ from pipeline.behavior.mapper import (
     distance_to,
     make_command,
     probability,
+    watched,
 )
 from pipeline.behavior.settings import BehaviorConfig
 from pipeline.core.types import Command, FaceResult, Observation
@@ -86,7 +87,8 @@ class AvatarMapper:
         if emotion is None:
             return []
         return [make_command(self.cfg, obs.camera, obs.t_wall, obs.t_mono, face.track_id, emotion,
-                             probability(scores, emotion), "emotion", avatar=self.name)]
+                             probability(scores, emotion), "emotion", avatar=self.name,
+                             looked_at=watched([face]))]
 
     def tick(self, now: float, wall: float) -> list[Command]:
         """Advance on time alone: the idle command when it is due (see the module docstring)."""

@@ -39,6 +39,7 @@ own mapper, `pipeline.behavior.avatar_mapper.AvatarMapper`, which reuses steps 1
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -106,11 +107,11 @@ class BehaviorMapper:
         camera.last_face_seen, camera.idle_sent = now, False
         self._forget_stale(obs.camera, camera, now)
         if self.cfg.attention == "room":
-            command = self._consider(obs, None, room_scores(obs.faces))
+            command = self._consider(obs, None, room_scores(obs.faces), watched(obs.faces))
             return [command] if command is not None else []
         commands = []
         for face in self._attended(obs, camera):
-            command = self._consider(obs, face.track_id, face.smoothed or face.scores)
+            command = self._consider(obs, face.track_id, face.smoothed or face.scores, watched([face]))
             if command is not None:
                 commands.append(command)
         return commands
@@ -129,14 +130,15 @@ class BehaviorMapper:
         camera.focus = best
         return [f for f in obs.faces if f.track_id == best]
 
-    def _consider(self, obs: Observation, target: int | None, scores: EmotionScores) -> Command | None:
-        """Steps 1-3 of the module docstring for one target."""
+    def _consider(self, obs: Observation, target: int | None, scores: EmotionScores,
+                  looked_at: bool | None = None) -> Command | None:
+        """Steps 1-3 of the module docstring for one target (`looked_at`: whether its face looks at the camera)."""
         state = self._targets.setdefault((obs.camera, target), TargetState())
         emotion = decide(state, self.cfg, obs.t_mono, scores)
         if emotion is None:
             return None
         return make_command(self.cfg, obs.camera, obs.t_wall, obs.t_mono, target, emotion,
-                            probability(scores, emotion), "emotion")
+                            probability(scores, emotion), "emotion", looked_at=looked_at)
 
     def tick(self, now: float, wall: float) -> list[Command]:
         """Advance on time alone (`now` monotonic, `wall` Unix seconds): the idle command of every camera whose last
@@ -206,13 +208,21 @@ def decide(state: TargetState, cfg: BehaviorConfig, now: float, scores: EmotionS
 
 
 def make_command(cfg: BehaviorConfig, camera: str, t_wall: float, t_mono: float, target: int | None, emotion: str,
-                 confidence: float, reason: str, avatar: str | None = None) -> Command:
-    """The command for `emotion` under `cfg`'s rule (expression and tone)."""
+                 confidence: float, reason: str, avatar: str | None = None, looked_at: bool | None = None) -> Command:
+    """The command for `emotion` under `cfg`'s rule (expression and tone); the tone takes `unwatched_volume` when
+    the face it answers is known not to look at the camera (`looked_at` False; None: unknown, the rule's own)."""
     rule = cfg.rule_for(emotion)
     expression = Expression(rule.expression.preset, rule.expression.weight, rule.expression.blend_ms)
-    tone = Tone(rule.tone.style, rule.tone.pitch, rule.tone.rate, rule.tone.volume, rule.tone.style_degree)
+    volume = cfg.unwatched_volume if looked_at is False and cfg.unwatched_volume is not None else rule.tone.volume
+    tone = Tone(rule.tone.style, rule.tone.pitch, rule.tone.rate, volume, rule.tone.style_degree)
     return Command(camera, t_wall, target, emotion, round(confidence, 4), expression, tone, t_mono=t_mono,
                    reason=reason, avatar=avatar)
+
+
+def watched(faces: Iterable[FaceResult]) -> bool | None:
+    """Whether any of `faces` looks at the camera (head pose), None when none has a head pose."""
+    poses = [f.head for f in faces if f.head is not None]
+    return any(pose.looking for pose in poses) if poses else None
 
 
 def room_scores(faces: tuple[FaceResult, ...] | list[FaceResult]) -> EmotionScores:

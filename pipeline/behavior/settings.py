@@ -169,8 +169,24 @@ class BehaviorConfig(StrictModel):
     on_arrival: RuleConfig | None = Field(None, description="A greeting: when a visitor arrives, the avatar gets "
                                           "this expression and tone once (reason greeting), laid over the happy "
                                           "rule like any rule (e.g. `{tone: {style: friendly}}`); null: no greeting.")
+    unwatched_volume: str | None = Field(None, description="Tone follows attention: the SSML volume a command's "
+                                         "tone takes when the face it answers does not look at the camera (its "
+                                         "head pose), e.g. soft or -6dB; with attention room, when no face looks. "
+                                         "null: every rule's own volume.")
     greet_cooldown_s: float = Field(60.0, ge=0, description="At most one greeting per this many seconds per avatar "
                                     "(a group arriving is greeted once).")
+
+    @field_validator("unwatched_volume", mode="before")
+    @classmethod
+    def _check_unwatched_volume(cls, value: object) -> object:
+        if value is None:
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = f"{value:g}"
+        pattern, forms = _PROSODY["volume"]
+        if not isinstance(value, str) or not pattern.match(value):
+            raise ValueError(f"must be {forms}")
+        return value
 
     @field_validator("on_arrival", mode="before")
     @classmethod

@@ -144,7 +144,7 @@ class Daemon:
         self.notifier = notifier or Notifier()
         self.hub = EventHub()
         self.hub.snapshot = self.ws_snapshot
-        self.previews = PreviewStore(cfg.server.preview_fps, self._raw_frame, self._group_preview)
+        self.previews = PreviewStore(cfg.server.preview_fps, self._raw_frame, self._group_preview, self._looked_at)
         self.metrics = PipelineMetrics(self.snapshot)
         self.server: StatusServer | None = None
         self.recent_commands: deque[Event] = deque(maxlen=RECENT_COMMANDS)
@@ -256,6 +256,13 @@ class Daemon:
         frame = cam.analysed_frame(obs) if cam is not None else None
         if frame is not None:
             self.previews.update(frame, obs)
+
+    def _looked_at(self, camera: str) -> int | None:
+        """The track the avatar looks at on `camera` now (its stream's last look target there), for the tile."""
+        for look in self.looks.values():
+            if look["camera"] == camera and look["target"] is not None:
+                return int(look["target"])
+        return None
 
     def _group_preview(self, camera: str) -> RenderedPreview | None:
         """A camera group's camera: its preview as the group renders it (frames never leave the group)."""

@@ -19,6 +19,7 @@ from pipeline.core.types import EMOTIONS, Frame, Observation
 
 MAX_WIDTH = 640
 JPEG_QUALITY = 70
+ATTENDED_COLOUR = (255, 255, 255)  # BGR: the second frame around the face the avatar looks at
 STALE_ANALYSIS_S = 2.0  # an analysed frame older than this is replaced by the raw newest frame (analysis stuck)
 
 # BGR colours per emotion, so a tile reads at a glance.
@@ -39,8 +40,11 @@ class PreviewStore:
     """Latest frame + observation per camera, and a per-camera cache of the rendered JPEG."""
 
     def __init__(self, fps: float, raw_frame: Callable[[str], Frame | None] | None = None,
-                 remote: Callable[[str], RenderedPreview | None] | None = None) -> None:
+                 remote: Callable[[str], RenderedPreview | None] | None = None,
+                 attended: Callable[[str], int | None] | None = None) -> None:
+        """`attended(camera)`: the track the avatar looks at on that camera (marked on its tile), None: nobody."""
         self.fps = fps
+        self._attended = attended or (lambda _name: None)
         self.renders = 0
         self._raw_frame = raw_frame or (lambda _name: None)
         self._remote = remote  # a camera whose frames are in another process (a camera group) renders there
@@ -72,10 +76,11 @@ class PreviewStore:
             frame, obs = self._pick(camera, now)
             if frame is None:
                 return self._remote_jpeg(camera) or cached
-            key = (frame.index, int(obs is not None))
+            attended = self._attended(camera) if obs is not None else None
+            key = (frame.index, int(obs is not None) + (0 if attended is None else 2 + attended))
             if cached is not None and cached.key == key:
                 return cached
-            image = annotate(frame.host_image(), obs)
+            image = annotate(frame.host_image(), obs, attended=attended)
             ok, encoded = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
             if not ok:
                 return cached
@@ -98,8 +103,10 @@ class PreviewStore:
         return self._raw_frame(camera), None
 
 
-def annotate(image: np.ndarray, obs: Observation | None, max_width: int = MAX_WIDTH) -> np.ndarray:
-    """A scaled copy of `image` with each face's box, track id, top emotion and the seven probabilities as bars."""
+def annotate(image: np.ndarray, obs: Observation | None, max_width: int = MAX_WIDTH,
+             attended: int | None = None) -> np.ndarray:
+    """A scaled copy of `image` with each face's box, track id, top emotion and the seven probabilities as bars; the
+    face whose track is `attended` (the one the avatar reads and looks at) framed twice and labelled "looked at"."""
     height, width = image.shape[:2]
     scale = min(1.0, max_width / float(width))
     out = cv2.resize(image, (round(width * scale), round(height * scale)), interpolation=cv2.INTER_AREA) \
@@ -112,7 +119,11 @@ def annotate(image: np.ndarray, obs: Observation | None, max_width: int = MAX_WI
         x1, y1, x2, y2 = (int(round(v * scale)) for v in face.detection.box)
         cv2.rectangle(out, (x1, y1), (x2, y2), colour, 2)
         tid = "" if face.track_id is None else f"#{face.track_id} "
-        _label(out, f"{tid}{scores.emotion} {scores.confidence:.2f}", (x1, max(12, y1 - 4)), colour)
+        mark = ""
+        if attended is not None and face.track_id == attended:
+            cv2.rectangle(out, (x1 - 5, y1 - 5), (x2 + 5, y2 + 5), ATTENDED_COLOUR, 2)
+            mark = " looked at"
+        _label(out, f"{tid}{scores.emotion} {scores.confidence:.2f}{mark}", (x1, max(12, y1 - 4)), colour)
         _bars(out, scores.probs, x2 + 4 if x2 + 96 < out.shape[1] else max(0, x1 - 96), max(0, y1))
     return out
 
