@@ -30,6 +30,31 @@ def clip() -> Path:
     return data_path("video", "woman_short.mp4")
 
 
+def short_clip(name: str, seconds: float, folder: Path) -> Path:
+    """The first `seconds` of ../shared/data/video/NAME, re-encoded into `folder`: file cameras play in real time,
+    so a daemon test that waits for a clip to end waits for all of it (suite time)."""
+    import cv2
+
+    capture = cv2.VideoCapture(str(data_path("video", name)))
+    fps = capture.get(cv2.CAP_PROP_FPS) or 25.0
+    path = folder / f"{Path(name).stem}_{seconds:g}s.mp4"
+    writer = None
+    try:
+        for _ in range(int(seconds * fps)):
+            ok, frame = capture.read()
+            if not ok:
+                break
+            if writer is None:
+                writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps,
+                                         (frame.shape[1], frame.shape[0]))
+            writer.write(frame)
+    finally:
+        capture.release()
+        if writer is not None:
+            writer.release()
+    return path
+
+
 def write_config(path: Path, cameras: list[str], extra: str = "", port: int | None = None,
                  outputs: str = "[{type: stdout}]", server: str = "") -> Path:
     """A small config: detector input 320x192 (fast on a CPU), quick behaviour, the given cameras (YAML flow maps)."""

@@ -28,7 +28,7 @@ from pipeline.core.types import Command, FaceResult, Observation
 from pipeline.service.reload import plan_reload
 from pipeline.vision.track import IouTracker
 from tests.conftest import data_path
-from tests.running_daemon import RunningDaemon, clip, free_port, write_config
+from tests.running_daemon import RunningDaemon, clip, free_port, short_clip, write_config
 from tests.test_sinks_osc_webhook import OscReceiver
 
 STEP = 0.125  # seconds of the synthetic capture clock between two rounds (one observation per camera)
@@ -307,7 +307,7 @@ def test_websocket_state_says_where_each_avatar_looks(two_avatars: dict[str, Any
 def test_three_clips_one_avatar_daemon_one_stream_idle_when_all_ended(prepared_models: None, tmp_path: Path) -> None:
     """The daemon with three file cameras under one avatar: one command stream (every command is hall's, from one of
     its cameras), and the idle command once all three clips ended. `missing` (in no avatar) keeps the daemon up."""
-    videos = {"door": data_path("video", "woman_short.mp4"), "stage": data_path("video", "woman2.mp4"),
+    videos = {"door": data_path("video", "woman_short.mp4"), "stage": short_clip("woman2.mp4", 5, tmp_path),
               "bar": data_path("video", "group_1080p.mp4")}
     config = write_config(
         tmp_path / "config.yaml",
