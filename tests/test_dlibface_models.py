@@ -48,7 +48,7 @@ def _config_for(model: str, tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 def test_default_model_reads_real_photos_and_neutral_faces(tmp_path: Path) -> None:
-    """faces/wild through the detector with the default config: 52.6 % and neutral recall 0.96 when committed
+    """faces/wild through the detector with the default config: 54.4 % and neutral recall 0.96 when committed
     (mini-Xception: 48.5 %, 0.40). A wrong normalisation, channel order or crop falls far below either bound."""
     wild = data_path("faces", "wild")
     prepare_model(load_manifest(DEFAULT), ["fp32"])

@@ -196,6 +196,21 @@ def test_file_prepared_by_another_recipe_is_prepared_again(prepared_models: None
     assert json.loads(sidecar.read_text())["recipe"] == manifest.recipe()
 
 
+def test_file_prepared_from_older_weights_is_prepared_again(prepared_models: None, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A release that ships new weights under the same name (issue 24's default, retrained): the files prepared
+    from the old weights are made again on first use, not refused (they used to stop the daemon with "delete it")."""
+    folder = _isolate(tmp_path, monkeypatch)
+    manifest = load_manifest("retinaface_mnet025", folder)
+    sidecar = manifest.sidecar_for("fp32")
+    info = json.loads(sidecar.read_text())
+    info["source_sha256"] = "0" * 64  # what the previous release's weights hashed to
+    sidecar.write_text(json.dumps(info))
+    assert check_prepared(manifest, "fp32") is None
+    assert models_module.ensure_model(manifest, "fp32") == manifest.file_for("fp32")
+    assert json.loads(sidecar.read_text())["source_sha256"] == manifest.source.sha256
+
+
 def _own_weights(folder: Path, sha256: str | None = None) -> tuple[Path, str]:
     """The mini-Xception network saved as weights committed in the repository (as tools/train_emotion.py's export
     would be), with a manifest `own_emotion.yaml` of source kind repository_file pointing at it."""

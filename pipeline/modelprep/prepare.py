@@ -297,10 +297,11 @@ def write_sidecar(manifest: ModelManifest, precision: Precision, path: Path, che
 
 
 def check_prepared(manifest: ModelManifest, precision: Precision) -> Path | None:
-    """The prepared file if it exists and matches its sidecar; None if it was never prepared (or with another
-    recipe: see ModelManifest.recipe).
+    """The prepared file if it exists and matches its sidecar; None if it was never prepared, or from other weights
+    than the manifest names now (a release that ships new weights under the same name), or with another recipe
+    (see ModelManifest.recipe): each is then made again.
 
-    Raises ModelError for a file that exists but is corrupt or foreign."""
+    Raises ModelError for a file that exists but is corrupt or was modified."""
     path, sidecar = manifest.file_for(precision), manifest.sidecar_for(precision)
     if not path.exists():
         return None
@@ -312,7 +313,9 @@ def check_prepared(manifest: ModelManifest, precision: Precision) -> Path | None
     if info.get("sha256") != sha256_of(path):
         raise ModelError(f"{path} is corrupt or was modified (sha256 differs from {sidecar.name}); {fix}")
     if info.get("source_sha256") != manifest.source.sha256:
-        raise ModelError(f"{path} was prepared from other weights than models/{manifest.name}.yaml names; {fix}")
+        log.info("%s was prepared from other weights than models/%s.yaml names now; preparing it again", path.name,
+                 manifest.name)
+        return None
     if info.get("recipe") != manifest.recipe():
         log.info("%s was prepared by an older prepare-models or from an edited manifest", path.name)
         return None
