@@ -250,10 +250,15 @@ def test_status_page_shows_failing_outputs_and_camera_reasons(failing: tuple[Run
             except StaleElementReferenceException:
                 return []
 
+        def cell(output: str, column: int) -> str:  # "" while the row is being redrawn
+            texts = cell_texts(output)
+            return texts[column] if len(texts) > column else ""
+
         assert wait_until(lambda: len(cell_texts("webhook")) == 9, 60), browser.page_source[:3000]
-        assert wait_until(lambda: cell_texts("webhook")[2] == "failing", 60), cell_texts("webhook")
-        assert wait_until(lambda: "127.0.0.1" in cell_texts("webhook")[8], 60), cell_texts("webhook")  # last error
-        assert cell_texts("webhook")[1].startswith("webhook http://") and SECRET not in cell_texts("webhook")[1]
+        assert wait_until(lambda: cell("webhook", 2) == "failing", 60), cell_texts("webhook")
+        assert wait_until(lambda: "127.0.0.1" in cell("webhook", 8), 60), cell_texts("webhook")  # last error
+        assert wait_until(lambda: cell("webhook", 1).startswith("webhook http://"), 30), cell_texts("webhook")
+        assert SECRET not in cell("webhook", 1)
         assert wait_until(lambda: cell_texts("stdout")[2:3] == ["ok"], 60), cell_texts("stdout")
 
         def failure(camera: str) -> str:

@@ -161,6 +161,7 @@ def test_commands_arrive_exactly_once_after_dedup_across_a_broker_restart(broker
             sink.offer(_command("door", n))
         assert wait_until(lambda: sink.failed >= 50, 30), (sink.sent, sink.failed)  # counted while down
         broker.start()
+        assert wait_until(lambda: sink.connects >= 2, 30), sink.connects  # back before the next commands
         for n in range(100, 150):
             sink.offer(_command("lobby", n))
         assert wait_until(lambda: {p["target"] for p in subscriber.payloads()} >= set(range(150)), 60), \
@@ -248,13 +249,19 @@ def test_daemon_health_topics_online_and_last_will(daemon_and_broker: tuple[Runn
     try:
         watcher_sees = lambda: watcher.payloads("/observation")  # noqa: E731
         daemon.wait_for(lambda: len(watcher_sees()) >= 5, 60, "observations on emotion/hall/lobby/observation")
-        assert ("online", True) in watcher.texts("emotion/hall/status")  # retained, as a new subscriber sees it
+        fresh = Subscriber(broker.port, "emotion/hall/status", "watcher-fresh", users=("watcher", "watch"))
+        try:  # subscribed after the daemon's `online` surely reached the broker: it comes as a retained message
+            assert wait_until(lambda: ("online", True) in fresh.texts("emotion/hall/status"), 20), \
+                fresh.texts("emotion/hall/status")
+        finally:
+            fresh.close()
         seqs = [p["seq"] for p in watcher_sees()]
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), seqs
         first = watcher_sees()[0]
         assert first["type"] == "observation" and first["camera"] == "lobby" and "faces" in first
         assert {t for t, _, _ in watcher.messages} <= {"emotion/hall/status", "emotion/hall/lobby/observation",
-                                                       "emotion/hall/lobby/command", "emotion/hall/lobby/camera"}
+                                                       "emotion/hall/lobby/command", "emotion/hall/lobby/camera",
+                                                       "emotion/hall/lobby/presence"}
 
         daemon.signal(signal.SIGKILL)
         assert daemon.wait(30) == -signal.SIGKILL

@@ -104,6 +104,10 @@ def _acked(info: mqtt.MQTTMessageInfo) -> bool:
         return False
 
 
+def _default_retain() -> list[EventName]:
+    return ["lookat"]
+
+
 class MqttOutput(OutputSettings):
     """Events published to an MQTT broker (topics, payload and delivery in `pipeline.outputs.mqtt`)."""
 
@@ -138,7 +142,7 @@ class MqttOutput(OutputSettings):
                                      "keeps while unacknowledged or disconnected; beyond it events fail.")
     events: list[EventName] = Field(default_factory=lambda: list(ALL_EVENTS), min_length=1,
                                     description="Event types published (lookat only when listed).")
-    retain: list[EventName] = Field(default_factory=lambda: ["lookat"], description="Event types published as "
+    retain: list[EventName] = Field(default_factory=_default_retain, description="Event types published as "
                                     "retained messages: a subscriber that joins later gets the newest one of each "
                                     "topic at once. lookat (the default): where each avatar looks now.")
     queue_size: int = Field(1024, ge=1, le=100_000, description="Events buffered before new ones are dropped "
