@@ -107,7 +107,7 @@ def _train(out: Path, *args: str) -> dict:
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "train_emotion.py"),
                            "--data", str(data_path("train", "fer2013_train_jpeg.npz")),
                            "--photos", str(data_path("train", "mux_dwdii_112.npz")),
-                           "--out", str(out), "--epochs", "1", "--batch", "16", "--limit", "160", "--device", "cpu",
+                           "--out", str(out), "--epochs", "1", "--batch", "16", "--limit", "96", "--device", "cpu",
                            *args], capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((out / "model_card.json").read_text())
