@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # eval.sh MODEL...: wild (detector), FER hold-out and mux hold-out through analyze; one summary line per set
-cd /work/main && . .venv/bin/activate
+cd "$(dirname "$0")/../../.." && . .venv/bin/activate && mkdir -p /tmp/ev
 for m in "$@"; do
-  sed "s/model: mini_xception_fer2013/model: $m/" config/default.yaml > /tmp/ev/$m.yaml
+  sed "/^emotion:/,/^[a-z]/ s/^  model: .*/  model: $m/" config/default.yaml > /tmp/ev/$m.yaml  # emotion.model = m
   python run_pipeline.py analyze --config /tmp/ev/$m.yaml ../shared/data/faces/wild > /tmp/ev/$m.wild.jsonl 2> /tmp/ev/$m.wild.err
   python run_pipeline.py analyze --config /tmp/ev/$m.yaml --cropped --holdout ../shared/data/train/fer2013_train_jpeg.npz > /tmp/ev/$m.fer.jsonl 2> /tmp/ev/$m.fer.err
   python run_pipeline.py analyze --config /tmp/ev/$m.yaml --cropped --holdout ../shared/data/train/mux_dwdii_112.npz > /tmp/ev/$m.mux.jsonl 2> /tmp/ev/$m.mux.err
