@@ -38,8 +38,8 @@ own mapper, `pipeline.behavior.avatar_mapper.AvatarMapper`, which reuses steps 1
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np

@@ -10,8 +10,8 @@ A client may ask for some event types only: `/ws?types=command` or `/ws?types=co
 Late joiners: every client first gets one `snapshot` event (a client with `?types=` only when it names
 `snapshot`, e.g. `/ws?types=snapshot,command`: clients written before it existed see nothing new), built by the hub's `snapshot`
 callable (the daemon's) on the server's loop before the client joins the fan-out: each camera's state and each
-avatar's current expression and tone, and where each avatar looks (its last `lookat` target, when the output
-sends lookat events). Events already on their way may repeat what the snapshot says; none is lost
+avatar's current expression and tone, and where each avatar looks (`looks`: its last `lookat` event, whatever the
+output's `events`). Events already on their way may repeat what the snapshot says; none is lost
 between the snapshot and the stream, because the client is added to the fan-out in the same loop step.
 """
 

@@ -32,7 +32,7 @@ COLOURS: dict[str, tuple[int, int, int]] = {
 @dataclass(frozen=True)
 class RenderedPreview:
     jpeg: bytes
-    key: tuple[int, int]  # (frame index, annotated?) — what this JPEG shows, so senders skip repeats
+    key: tuple[int, ...]  # (frame index, annotated?, attended track or -1): what it shows, so senders skip repeats
     rendered_mono: float
 
 
@@ -77,7 +77,7 @@ class PreviewStore:
             if frame is None:
                 return self._remote_jpeg(camera) or cached
             attended = self._attended(camera) if obs is not None else None
-            key = (frame.index, int(obs is not None) + (0 if attended is None else 2 + attended))
+            key = (frame.index, int(obs is not None), -1 if attended is None else attended)
             if cached is not None and cached.key == key:
                 return cached
             image = annotate(frame.host_image(), obs, attended=attended)
