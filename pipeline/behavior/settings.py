@@ -34,6 +34,16 @@ _PROSODY: dict[str, tuple[re.Pattern[str], str]] = {
 }
 
 
+
+def prosody_value(name: str, value: object) -> object:
+    """`value` checked as an SSML prosody `name` (pitch, rate or volume); a number from YAML (`rate: 1.2`) as text."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = f"{value:g}"
+    pattern, forms = _PROSODY[name]
+    if not isinstance(value, str) or not pattern.match(value):
+        raise ValueError(f"{name} must be {forms}")
+    return value
+
 class ExpressionConfig(StrictModel):
     """An avatar facial expression."""
 
@@ -66,13 +76,7 @@ class ToneConfig(StrictModel):
     @classmethod
     def _check_prosody(cls, value: object, info: ValidationInfo) -> object:
         """Validate against SSML prosody forms so the TTS engine never rejects a command at run time."""
-        name = str(info.field_name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            value = f"{value:g}"  # `rate: 1.2` arrives from YAML as a float
-        pattern, forms = _PROSODY[name]
-        if not isinstance(value, str) or not pattern.match(value):
-            raise ValueError(f"{name} must be {forms}")
-        return value
+        return prosody_value(str(info.field_name), value)
 
 
 class RuleConfig(StrictModel):
@@ -179,14 +183,7 @@ class BehaviorConfig(StrictModel):
     @field_validator("unwatched_volume", mode="before")
     @classmethod
     def _check_unwatched_volume(cls, value: object) -> object:
-        if value is None:
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            value = f"{value:g}"
-        pattern, forms = _PROSODY["volume"]
-        if not isinstance(value, str) or not pattern.match(value):
-            raise ValueError(f"must be {forms}")
-        return value
+        return None if value is None else prosody_value("volume", value)
 
     @field_validator("on_arrival", mode="before")
     @classmethod
