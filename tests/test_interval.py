@@ -42,13 +42,15 @@ def test_one_face_is_followed_within_the_detections_box_and_reads_the_same(agree
     assert row["smoothed_agreement"] >= 0.97, row
 
 
-def test_a_panning_crowd_is_followed_but_not_as_closely(agreement: dict) -> None:
-    """group_1080p.mp4: a camera panning across several faces at 35 px a frame, detections coming and going. What
-    holds (issue 25's targets do not: BENCHMARKS.md): most followed boxes overlap the same frame's detection by 0.8
-    or more, and the median does."""
+def test_a_panning_crowd_is_followed_about_as_closely_as_the_detector_agrees_with_itself(agreement: dict) -> None:
+    """group_1080p.mp4: several small faces moving up to 35 px a frame, the detector finding some only now and then.
+    Only the faces the last detection found are followed, so nearly every followed face has a detection on its frame
+    (a face the detector lost once drifted on its motion: 101 of 429 overlapped nothing). The boxes agree with the
+    same frame's detection about as often as the detector agrees with itself on that frame shifted by 7 px (89.7 %
+    within IoU 0.8; `bench interval --ceiling 7`, BENCHMARKS.md): 88.8 % when measured."""
     row = agreement["group_1080p.mp4"]
-    assert row["compared"] >= 200, row
-    assert row["iou_median"] >= 0.8 and row["iou_at_least_0_8"] >= 0.7, row
+    assert row["compared"] >= 250 and row["without_reference"] <= 0.1 * row["compared"], row
+    assert row["iou_median"] >= 0.85 and row["iou_at_least_0_8"] >= 0.85, row
 
 
 def test_interval_is_validated(tmp_path: Path) -> None:

@@ -290,3 +290,16 @@ def test_following_finds_the_face_by_its_look() -> None:
     tracker.update([face(100, 100, 148, 160)], 0.0, frame0)
     ((_, guessed),) = tracker.predict(DT, np.full_like(frame1, 90))
     assert guessed.box == pytest.approx((100.0, 100.0, 148.0, 160.0))
+
+
+def test_predict_follows_only_the_faces_the_last_detection_found() -> None:
+    """A face the detector missed on its last run is not reported between detections (as every-frame detection
+    would not report it), yet its track lives on and takes the face back when the detector finds it again."""
+    tracker = IouTracker(max_age_s=1.0, follow=True)
+    first, second = tracker.update([face(0, 0, 50, 50), face(200, 0, 250, 50)], 0.0)
+    assert {track_id for track_id, _ in tracker.predict(0.04)} == {first, second}
+    (again,) = tracker.update([face(0, 0, 50, 50)], 0.12)  # the second face missed on this run
+    assert again == first
+    assert [track_id for track_id, _ in tracker.predict(0.16)] == [first]
+    assert tracker.update([face(0, 0, 50, 50), face(200, 0, 250, 50)], 0.24) == [first, second]
+    assert {track_id for track_id, _ in tracker.predict(0.28)} == {first, second}

@@ -106,11 +106,13 @@ class IouTracker:
         self.half_life_s = half_life_ms / 1000.0
         self.tracks: dict[int, Track] = {}
         self._ids = count(1)
+        self.detected_at = float("-inf")  # when `update` last ran: the detection `predict` follows from
 
     def update(self, faces: list[Detection], now: float, frame: np.ndarray | None = None) -> list[int]:
         """Assign a track id to each face (same order), expiring tracks unseen for max_age_s; with the frame, each
         face's look is kept for `predict` to find it again."""
         self.tracks = {k: t for k, t in self.tracks.items() if now - t.last_seen <= self.max_age_s}
+        self.detected_at = now
         live = list(self.tracks.values())
         ids: list[int | None] = [None] * len(faces)
         expected = [track.box_at(now) if self.follow else track.box for track in live]
@@ -158,13 +160,17 @@ class IouTracker:
                 taken.add(track_i)
 
     def predict(self, now: float, frame: np.ndarray | None = None) -> list[tuple[int, Detection]]:
-        """The faces of a frame that skips the detector: each live track (a detection within max_age_s) with its last
+        """The faces of a frame that skips the detector: each track the last detection run found, with that
         detection moved to where the track's motion puts it at `now` and, given the frame, to where its look is
-        found near there (the track then moves there too). Only detections keep a track alive, so a face that has
-        left ends max_age_s after its last detection, as without skipping."""
+        found near there (the track then moves there too).
+
+        A track the last detection run missed is not followed: with every frame detected that face would not be
+        reported either, and a face whose detector lost it (turned away, hidden, gone) drifts on its motion alone
+        (group_1080p.mp4: such faces made most followed boxes that overlapped no detection). The track stays alive
+        for matching until max_age_s after its last detection, as without skipping, and is not followed past it."""
         faces = []
         for track in self.tracks.values():
-            if track.detection is None or now - track.last_seen > self.max_age_s:
+            if track.detection is None or track.last_seen < self.detected_at or now - track.last_seen > self.max_age_s:
                 continue
             box = track.box_at(now)
             found = locate(frame, track.template, box) if frame is not None and track.template else None
