@@ -53,7 +53,8 @@ class DetectorConfig(StrictModel):
     max_faces: int = Field(16, ge=1, le=256, description="At most this many faces (highest scores) per frame.")
     interval: int = Field(1, ge=1, le=30, description="Run the detector on every Nth frame of a camera (1: every "
                           "frame). The frames between take each tracked face where its track's motion puts it and "
-                          "still read its emotion; a face that appears waits for the next detection. Cameras "
+                          "still read its emotion; a face that appears waits for the next detection, and one the last "
+                          "detection missed is not reported until found again. Cameras "
                           "detect on different frames (staggered by name). Keep interval / fps well under "
                           "tracking.max_age_s, or tracks end between detections. Both frame paths; "
                           "BENCHMARKS.md 'Detecting every Nth frame' says what it saves and costs.")
