@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -263,3 +265,38 @@ def test_source_fields_follow_their_kind(tmp_path: Path, source: str, complaint:
     (tmp_path / "odd.yaml").write_text(text[:start] + f"source: {source}\n" + text[end:])
     with pytest.raises(ManifestError, match=complaint):
         load_manifest("odd", tmp_path)
+
+
+def _prepare_in_child(barrier: Any, results: Any) -> None:
+    """A second process that needs the same file: fp16 of mini-Xception, started at the same moment as another."""
+    made = []
+    inner = models_module._prepare_variants
+    models_module._prepare_variants = lambda *args: (made.append(1), inner(*args))  # type: ignore[assignment]
+    manifest = load_manifest("mini_xception_fer2013", manifest_module.MODELS_DIR)
+    barrier.wait(30)
+    try:
+        path = ensure_model(manifest, "fp16")
+        results.put(("ok", str(path), len(made)))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the test with it
+        results.put(("error", repr(exc), len(made)))
+
+
+def test_two_processes_needing_one_model_prepare_it_once(prepared_models: None, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Camera groups or parallel test workers may find a file missing at the same moment: one prepares it, the other
+    waits for the lock and takes the file made (without the lock both wrote the same temporary name)."""
+    folder = _isolate(tmp_path, monkeypatch)
+    for stale in folder.glob("mini_xception_fer2013.fp16.*"):
+        stale.unlink()
+    context = multiprocessing.get_context("fork")  # the children keep this test's models/ (monkeypatched)
+    barrier, results = context.Barrier(2), context.Queue()
+    children = [context.Process(target=_prepare_in_child, args=(barrier, results)) for _ in range(2)]
+    for child in children:
+        child.start()
+    outcomes = [results.get(timeout=240) for _ in children]
+    for child in children:
+        child.join(30)
+    assert all(state == "ok" for state, _, _ in outcomes), outcomes
+    assert sorted(made for _, _, made in outcomes) == [0, 1], outcomes
+    manifest = load_manifest("mini_xception_fer2013", folder)
+    assert check_prepared(manifest, "fp16") == folder / "mini_xception_fer2013.fp16.onnx"

@@ -6,6 +6,7 @@ file is caught at load time with a message that says how to fix it, instead of a
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib
 import json
@@ -13,10 +14,12 @@ import logging
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -339,19 +342,64 @@ def _agreement_holds(manifest: ModelManifest, path: Path, info: dict[str, object
     return True
 
 
+_held = threading.local()  # how deep this thread is inside preparing(): the lock is taken once per thread
+
+
+@contextmanager
+def preparing() -> Iterator[None]:
+    """Held while models/ is written: one process prepares at a time (re-entrant within a thread).
+
+    Why: camera groups (inference.processes), a daemon next to an operator's prepare-models, or parallel test workers
+    can all find a file missing at once. Each would write the same temporary name, and a reader could meet a file
+    moved into place before its sidecar. Under this lock the second process waits, then finds the file made. Where
+    models/ cannot be written there is nothing to guard, and preparing fails later with its own message."""
+    depth = getattr(_held, "depth", 0)
+    if depth:
+        _held.depth = depth + 1
+        try:
+            yield
+        finally:
+            _held.depth = depth
+        return
+    try:
+        MODELS_DIR.mkdir(parents=True, exist_ok=True)
+        handle = open(MODELS_DIR / ".prepare.lock", "a+b")  # noqa: SIM115 - held across the yield
+    except OSError as exc:
+        log.debug("models/ is not writable (%s): preparing without the lock", exc)
+        handle = None
+    with handle if handle is not None else nullcontext():
+        if handle is not None:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        _held.depth = 1
+        try:
+            yield
+        finally:
+            _held.depth = 0
+            if handle is not None:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def prepare_model(manifest: ModelManifest, precisions: Iterable[Precision], calib_dir: Path | None = None,
                   force: bool = False) -> list[Path]:
     """Produce every requested precision of one model; returns the written (or already valid) files."""
+    precisions = list(precisions)
     wanted = [manifest.effective_precision(p) for p in precisions]
     for asked, used in zip(precisions, wanted):
         if asked != used:
             log.warning("%s: %s refused (%s); preparing %s instead", manifest.name, asked,
                         manifest.refused_precisions[asked], used)
     wanted = list(dict.fromkeys(wanted))
-    todo = [p for p in wanted if force or _needs_prepare(manifest, p)]
-    if not todo:
+    if not force and not any(_needs_prepare(manifest, p) for p in wanted):
         return [manifest.file_for(p) for p in wanted]
-    MODELS_DIR.mkdir(parents=True, exist_ok=True)
+    with preparing():  # asked again under the lock: another process may have made them meanwhile
+        todo = [p for p in wanted if force or _needs_prepare(manifest, p)]
+        if todo:
+            _prepare_variants(manifest, todo, calib_dir)
+    return [manifest.file_for(p) for p in wanted]
+
+
+def _prepare_variants(manifest: ModelManifest, todo: list[Precision], calib_dir: Path | None) -> None:
+    """Write and verify each precision of `todo` (the fp32 file first, when it is missing or outdated)."""
     log.info("preparing %s (%s)", manifest.name, ", ".join(todo))
     fp32_path = manifest.file_for("fp32")
     if "fp32" in todo or _needs_prepare(manifest, "fp32"):  # every variant is derived from the fp32 file
@@ -377,7 +425,6 @@ def prepare_model(manifest: ModelManifest, precisions: Iterable[Precision], cali
             variant = make_precision_variant(onnx.load(str(fp32_path)), precision,
                                              candidate_node_names(manifest.top_candidates))
             _save_verified(manifest, precision, variant, fp32_path, calib_dir)
-    return [manifest.file_for(p) for p in wanted]
 
 
 def _needs_prepare(manifest: ModelManifest, precision: Precision) -> bool:
@@ -416,6 +463,17 @@ def _record(manifest: ModelManifest, precision: Precision, written: Path, refere
 
 def ensure_model(manifest: ModelManifest, precision: Precision, auto_prepare: bool = True) -> Path:
     """The verified file for `precision`, preparing it first when it was never made (and `auto_prepare`)."""
+    try:
+        path = check_prepared(manifest, precision)
+    except ModelError:
+        path = None  # maybe met half-written by another process: asked again under the lock below
+    if path is not None:
+        return path
+    with preparing():
+        return _ensure_locked(manifest, precision, auto_prepare)
+
+
+def _ensure_locked(manifest: ModelManifest, precision: Precision, auto_prepare: bool) -> Path:
     path = check_prepared(manifest, precision)
     if path is not None:
         return path
