@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements of BENCHMARKS.md, run on the lent H200 (see ../shared/tools/gpu-machine.md for getting
 # onnxruntime-gpu there). Usage there, from the project root, with the prepared models/ and a copy of the test
-# videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
+# videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | session-probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
 #  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | groups |
 #  groups-sweep | nvdec-latency | ab | memory | interval-sweep | multi-gpu)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
@@ -19,6 +19,9 @@ case "${1:-check}" in
     ;;
   probe)
     python3 deploy/ort_cuda_probe.py models/retinaface_mnet025.fp16.onnx | tee "$OUT/probe.jsonl"
+    ;;
+  session-probe)  # issue 25 item 3: what each further CUDA session costs with the shared arena, per option
+    python3 deploy/ort_cuda_probe.py models/retinaface_mnet025.fp16.onnx --sessions | tee "$OUT/session_probe.jsonl"
     ;;
   engine)
     python3 run_pipeline.py bench engine --model emotion --device cuda --precision fp32,fp16,int8 \

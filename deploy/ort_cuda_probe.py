@@ -25,6 +25,21 @@ VARIANTS = {
     "default_algo+small_ws": {"cudnn_conv_algo_search": "DEFAULT", "cudnn_conv_use_max_workspace": "0",
                               "arena_extend_strategy": "kSameAsRequested"},
 }
+# Issue 25 item 3: what each further session costs with the shared arena (~150 MB in the pipeline: 16 sessions per
+# camera group). Each variant changes one thing: cuBLAS's per-handle workspace (an environment variable cuBLAS reads
+# when a handle is made), ONNX Runtime's memory pattern, cuDNN's workspace, initializers through the device allocator.
+SHARED = {"cudnn_conv_algo_search": "HEURISTIC"}
+SESSION_VARIANTS: dict[str, tuple[dict[str, str], dict[str, str], dict[str, str]]] = {
+    # name: (provider options, session config entries, environment)
+    "shared": (SHARED, {}, {}),
+    "shared+cublas_ws_small": (SHARED, {}, {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}),
+    "shared+no_mem_pattern": (SHARED, {"no_mem_pattern": "1"}, {}),
+    "shared+cudnn_small_ws": ({**SHARED, "cudnn_conv_use_max_workspace": "0"}, {}, {}),
+    "shared+init_device_alloc": (SHARED, {"session.use_device_allocator_for_initializers": "1"}, {}),
+    "shared+all": ({**SHARED, "cudnn_conv_use_max_workspace": "0"},
+                   {"no_mem_pattern": "1", "session.use_device_allocator_for_initializers": "1"},
+                   {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}),
+}
 SIZES = (1, 4, 16, 64)
 
 
@@ -63,8 +78,51 @@ def probe(model: str, options: dict[str, str], shared_arena: bool) -> dict[str, 
             "gpu_mb_1_session": mb_one, "gpu_mb_4_sessions": gpu_mb()}
 
 
+def session_probe(model: str, name: str) -> dict[str, object]:
+    """GPU memory after one session (run at every size), then after 7 more sessions each run at batch 1 only:
+    the slope is what a further session costs beyond the activations the shared arena already holds."""
+    import onnxruntime as ort
+
+    from pipeline.inference.onnxruntime import share_cuda_arena
+
+    provider, entries, _ = SESSION_VARIANTS[name]
+    so = ort.SessionOptions()
+    if share_cuda_arena(ort):
+        so.add_session_config_entry("session.use_env_allocators", "1")
+    for key, value in entries.items():
+        if key == "no_mem_pattern":
+            so.enable_mem_pattern = False
+        else:
+            so.add_session_config_entry(key, value)
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 3
+    frames = {n: np.random.default_rng(0).integers(0, 256, (n, 352, 640, 3), dtype=np.uint8) for n in SIZES}
+    baseline = gpu_mb()
+    first = ort.InferenceSession(model, so, providers=[("CUDAExecutionProvider", provider)])
+    for n in SIZES:
+        timed(first, frames[n])
+    steady = {n: round(float(np.median([timed(first, frames[n]) for _ in range(5)])), 2) for n in SIZES}
+    one = gpu_mb()
+    more = [ort.InferenceSession(model, so, providers=[("CUDAExecutionProvider", provider)]) for _ in range(7)]
+    for session in more:
+        timed(session, frames[1])
+    eight = gpu_mb()
+    return {"gpu_mb_before": baseline, "gpu_mb_1_session": one, "gpu_mb_8_sessions": eight,
+            "mb_per_further_session": round((eight - one) / 7, 1), "steady_ms": steady}
+
+
 def main() -> None:
     model = sys.argv[1]
+    if len(sys.argv) > 3 and sys.argv[2] == "--session":
+        print(json.dumps(session_probe(model, sys.argv[3])))
+        return
+    if len(sys.argv) > 2 and sys.argv[2] == "--sessions":  # issue 25: the per-session variants, one process each
+        for name, (_, _, env) in SESSION_VARIANTS.items():
+            out = subprocess.run([sys.executable, __file__, model, "--session", name], capture_output=True, text=True,
+                                 check=False, env={**os.environ, **env})
+            result = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"error": out.stderr[-800:]}
+            print(json.dumps({"variant": name, **result}), flush=True)
+        return
     if len(sys.argv) > 2:
         print(json.dumps(probe(model, VARIANTS[sys.argv[2]], sys.argv[2].endswith("shared_arena"))))
         return

@@ -100,7 +100,7 @@ def _compare(result: Agreement, followed: tuple[list[Detection], list[EmotionSco
 
 def _shifted(perception: Perception, frame: np.ndarray, shift: int) -> tuple[list[Detection], list[EmotionScores]]:
     """The faces of `frame` moved right and down by `shift` pixels (border repeated), their boxes moved back."""
-    move = np.float32([[1, 0, shift], [0, 1, shift]])
+    move = np.array([[1, 0, shift], [0, 1, shift]], dtype=np.float32)
     shifted = cv2.warpAffine(frame, move, (frame.shape[1], frame.shape[0]), borderMode=cv2.BORDER_REPLICATE)
     faces, scores, _ = perception.analyze(shifted)
     back = [Detection(tuple(v - shift for v in face.box), face.score,  # type: ignore[arg-type]
