@@ -166,6 +166,10 @@ case "${1:-check}" in
         mb32) opts="--cameras 32 --max-batch 32 --batch-step 2" ;;
         faces2048) opts="--cameras 32 --max-batch 64 --batch-step 2 --set inference.max_faces_per_run=2048" ;;
         cams8student) opts="--cameras 8 --max-batch 16 --batch-step 2 --set emotion.model=dlibface_student64" ;;
+        nomp) opts="--cameras 32 --max-batch 64 --batch-step 2 --set inference.memory_pattern=false" ;;
+        cams8nomp) opts="--cameras 8 --max-batch 16 --batch-step 2 --set inference.memory_pattern=false" ;;
+        cams8studentnomp) opts="--cameras 8 --max-batch 16 --batch-step 2 --set emotion.model=dlibface_student64 --set inference.memory_pattern=false" ;;
+        cublasdefault) opts="--cameras 32 --max-batch 64 --batch-step 2 --set inference.cublas_workspace=''" ;;
         *) echo "unknown variant $variant"; continue ;;
       esac
       echo "== memory $variant: $opts"

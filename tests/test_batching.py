@@ -7,6 +7,7 @@ fails once; both wrap the real backend.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -393,3 +394,39 @@ def test_tasks_on_lanes_from_several_threads_do_not_interleave(make_backend, mod
     _run_threads(call, 6)
     assert not errors, errors
     assert sorted(ran) == [(index, lane) for index in range(6) for lane in range(3)]
+
+
+def test_cublas_workspace_is_set_for_cuda_sessions_unless_the_operator_set_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """inference.cublas_workspace reaches cuBLAS through its environment variable, before any CUDA session is made;
+    a value the daemon was started with is the operator's and stays; "" leaves cuBLAS's default."""
+    import pipeline.inference.onnxruntime as ort_backend
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.setattr(ort_backend, "_CUBLAS_FROM_OPERATOR", False)
+    ort_backend.limit_cublas_workspace("")
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    ort_backend.limit_cublas_workspace(":16:8")
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:2")
+    monkeypatch.setattr(ort_backend, "_CUBLAS_FROM_OPERATOR", True)
+    ort_backend.limit_cublas_workspace(":16:8")
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:2"
+
+
+def test_cublas_workspace_and_memory_pattern_are_checked_and_reach_the_session(prepared_models: None) -> None:
+    """A malformed workspace is a config error naming the key; memory_pattern is the session's option."""
+    import onnxruntime as ort
+    from pydantic import ValidationError
+
+    from pipeline.inference.onnxruntime import make_session
+    from pipeline.inference.settings import InferenceConfig
+    from pipeline.modelprep.manifest import load_manifest
+
+    assert InferenceConfig(cublas_workspace=":4096:2:16:8").cublas_workspace == ":4096:2:16:8"
+    with pytest.raises(ValidationError, match="cublas_workspace"):
+        InferenceConfig(cublas_workspace="16MB")
+    path = load_manifest("retinaface_mnet025").file_for("fp32")
+    for pattern in (True, False):
+        session = make_session(ort, path, "test", 1, ["CPUExecutionProvider"], memory_pattern=pattern)
+        assert session.get_session_options().enable_mem_pattern is pattern

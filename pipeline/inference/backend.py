@@ -80,6 +80,12 @@ class InferenceSettings(Protocol):
     @property
     def gpu_memory_limit_mb(self) -> int: ...
 
+    @property
+    def cublas_workspace(self) -> str: ...
+
+    @property
+    def memory_pattern(self) -> bool: ...
+
 
 @dataclass(frozen=True)
 class ModelRuntime:
@@ -101,6 +107,8 @@ class ModelRuntime:
     options: BaseModel | None = None
     cudnn_max_workspace: bool = True
     gpu_memory_limit_mb: int = 0
+    cublas_workspace: str = ":16:8"
+    memory_pattern: bool = True
 
     @classmethod
     def from_config(cls, cfg: InferenceSettings, *, precision: str | None = None,
@@ -116,7 +124,8 @@ class ModelRuntime:
         return cls(backend=cfg.backend, device=cfg.device, precision=precision or cfg.precision,
                    max_batch=cfg.max_batch, lanes=cfg.lanes, threads=cfg.threads, batch_step=cfg.batch_step,
                    input_size=size, options=options if isinstance(options, BaseModel) else None,
-                   cudnn_max_workspace=cfg.cudnn_max_workspace, gpu_memory_limit_mb=cfg.gpu_memory_limit_mb)
+                   cudnn_max_workspace=cfg.cudnn_max_workspace, gpu_memory_limit_mb=cfg.gpu_memory_limit_mb,
+                   cublas_workspace=cfg.cublas_workspace, memory_pattern=cfg.memory_pattern)
 
 
 class Backend(ABC):

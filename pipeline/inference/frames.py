@@ -381,6 +381,7 @@ def load_frame_perception(detector_path: Path, classifier_path: Path, detector: 
     """The frame graphs path on `inference.device` (cpu or cuda), one lane per `inference.lanes`."""
     from pipeline.inference.onnxruntime import (
         import_ort,
+        limit_cublas_workspace,
         make_session,
         share_cuda_arena,
     )
@@ -391,6 +392,7 @@ def load_frame_perception(detector_path: Path, classifier_path: Path, detector: 
     threads = inference.threads
     lanes: list[FrameLane] = []
     if inference.device == "cuda":
+        limit_cublas_workspace(inference.cublas_workspace)
         shared = share_cuda_arena(ort, limit_mb=inference.gpu_memory_limit_mb)
         lanes = _cuda_lanes(ort, graphs, inference, detector, threads or 1, shared, emotion.flip)
     else:
@@ -420,7 +422,8 @@ def _cuda_lanes(ort: Any, graphs: FrameGraphs, inference: InferenceConfig, detec
 
     def cuda_session(graph: bytes, stream: int) -> Any:
         options = cuda_provider_options(stream, inference.cudnn_max_workspace)
-        return make_session(ort, graph, "frame graph", threads, [("CUDAExecutionProvider", options)], shared_arena)
+        return make_session(ort, graph, "frame graph", threads, [("CUDAExecutionProvider", options)], shared_arena,
+                            inference.memory_pattern)
 
     lanes: list[FrameLane] = []
     try:

@@ -8,6 +8,7 @@ session per padded batch size. Registered as the `onnxruntime` backend; it has n
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -101,11 +102,13 @@ class OnnxRuntimeBackend(Backend):
         # The CUDA provider barely uses CPU threads; the library default is one per core for every session
         # (16 on the H200 machine), times lanes and padded sizes.
         threads = spec.threads or 1
+        limit_cublas_workspace(spec.cublas_workspace)
         shared_arena = share_cuda_arena(ort, limit_mb=spec.gpu_memory_limit_mb)
 
         def cuda_session(stream: int) -> Any:
             options = cuda_provider_options(stream, spec.cudnn_max_workspace)
-            return _session(ort, threads, model, model_path, [("CUDAExecutionProvider", options)], shared_arena)
+            return _session(ort, threads, model, model_path, [("CUDAExecutionProvider", options)], shared_arena,
+                            spec.memory_pattern)
 
         lanes: list[CudaLane] = []
         try:
@@ -158,6 +161,20 @@ def import_ort() -> Any:
 
 
 _SHARED_ARENAS: set[int] = set()  # CUDA devices whose arena is registered in ONNX Runtime's environment
+CUBLAS_ENV = "CUBLAS_WORKSPACE_CONFIG"
+_CUBLAS_FROM_OPERATOR = CUBLAS_ENV in os.environ  # set before the daemon started: the operator's choice, kept
+
+
+def limit_cublas_workspace(config: str) -> None:
+    """Give cuBLAS `config` (inference.cublas_workspace) as its CUBLAS_WORKSPACE_CONFIG, before any CUDA session.
+
+    Why: ONNX Runtime's CUDA provider makes a cuBLAS handle per session, and cuBLAS reserves its default workspace
+    per handle: on the H200 each further session cost 147 MB, 19 MB with ":16:8" (deploy/ort_cuda_probe.py
+    --sessions), at the same speed; a camera group has 16 sessions. cuBLAS reads the variable when a handle is made,
+    so it is set in this process's environment (camera group processes inherit it). A value the operator set in the
+    daemon's environment is left as it is; "" leaves cuBLAS's default."""
+    if config and not _CUBLAS_FROM_OPERATOR:
+        os.environ[CUBLAS_ENV] = config
 
 
 def share_cuda_arena(ort: Any, device_id: int = 0, limit_mb: int = 0) -> bool:
@@ -189,18 +206,20 @@ def cuda_provider_options(stream: int, cudnn_max_workspace: bool) -> dict[str, s
 
 
 def _session(ort: Any, threads: int, model: ModelManifest, model_path: Path,
-             providers: list[Any], shared_arena: bool = False) -> Any:
+             providers: list[Any], shared_arena: bool = False, memory_pattern: bool = True) -> Any:
     """One InferenceSession; `threads` intra-op threads (0 = the library default)."""
     return make_session(ort, model_path, f"{model.name}: ONNX Runtime cannot load {model_path}", threads, providers,
-                        shared_arena)
+                        shared_arena, memory_pattern)
 
 
 def make_session(ort: Any, source: Path | bytes, failure: str, threads: int, providers: list[Any],
-                 shared_arena: bool = False) -> Any:
+                 shared_arena: bool = False, memory_pattern: bool = True) -> Any:
     """One InferenceSession of a model file or serialised graph, with the options every session here shares.
 
-    `failure` begins the BackendError raised when ONNX Runtime refuses the model."""
+    `failure` begins the BackendError raised when ONNX Runtime refuses the model; `memory_pattern`:
+    inference.memory_pattern (CUDA sessions)."""
     options = ort.SessionOptions()
+    options.enable_mem_pattern = memory_pattern
     if shared_arena:
         options.add_session_config_entry("session.use_env_allocators", "1")
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

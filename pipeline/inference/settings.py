@@ -244,6 +244,16 @@ class InferenceConfig(StrictModel):
                                       "that need the largest scratch memory (ONNX Runtime's "
                                       "cudnn_conv_use_max_workspace, its default). false: less GPU memory per "
                                       "session, possibly slower convolutions (bench memory measures both).")
+    cublas_workspace: str = Field(":16:8", pattern=r"^(:[0-9]+:[0-9]+)*$", description="device cuda: cuBLAS's "
+                                  "scratch memory per handle, as its CUBLAS_WORKSPACE_CONFIG (:KiB:count, pairs "
+                                  "repeatable; \"\" = cuBLAS's own default). ONNX Runtime makes a cuBLAS handle per "
+                                  "CUDA session, a camera group has 16 sessions, and on an H200 cuBLAS's default "
+                                  "took ~128 MB each: 147 MB per further session against 19 MB with :16:8, at the "
+                                  "same speed (BENCHMARKS.md). The variable, when set in the daemon's environment, "
+                                  "wins.")
+    memory_pattern: bool = Field(True, description="device cuda: ONNX Runtime's memory pattern (plans a run's "
+                                 "activations and reserves them in one block). false: less GPU memory, somewhat "
+                                 "slower runs (measure with bench memory).")
     gpu_memory_limit_mb: int = Field(0, ge=0, le=1_048_576, description="device cuda: the most memory ONNX "
                                      "Runtime's shared CUDA arena (every session of the process) may hold, in MB; "
                                      "0 = no cap. A run that needs more fails its batch (logged) instead of "

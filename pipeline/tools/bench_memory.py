@@ -20,6 +20,7 @@ Options are bench pipeline's (cameras, video, fps, batch sizes, interval, ...), 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import threading
 import time
@@ -138,7 +139,9 @@ def bench_memory(args: argparse.Namespace) -> dict[str, Any]:
             "frame_path": "graph" if cfg.inference.graph_frames else "opencv", "max_batch": cfg.inference.max_batch,
             "batch_step": cfg.inference.batch_step, "interval": cfg.detector.interval,
             "emotion_model": cfg.emotion.model, "precision": cfg.inference.precision,
-            "cudnn_max_workspace": cfg.inference.cudnn_max_workspace, "steps": steps.rows,
+            "cudnn_max_workspace": cfg.inference.cudnn_max_workspace,
+            "cublas_workspace": os.environ.get("CUBLAS_WORKSPACE_CONFIG", ""),
+            "memory_pattern": cfg.inference.memory_pattern, "steps": steps.rows,
             "project_buffers": {key: (round(value / 2**20, 1) if key.endswith("bytes") else value)
                                 for key, value in ledger.items()}}
 
@@ -146,7 +149,8 @@ def bench_memory(args: argparse.Namespace) -> dict[str, Any]:
 def print_memory_table(result: dict[str, Any]) -> None:
     print(f"{result['cameras']} cameras of {result['video']} on {result['device']} ({result['frame_path']} path, "
           f"max_batch {result['max_batch']}, batch_step {result['batch_step']}, interval {result['interval']}, "
-          f"{result['emotion_model']} {result['precision']}, cudnn_max_workspace {result['cudnn_max_workspace']})")
+          f"{result['emotion_model']} {result['precision']}, cudnn_max_workspace {result['cudnn_max_workspace']}, "
+          f"cuBLAS workspace {result['cublas_workspace'] or 'default'}, memory pattern {result['memory_pattern']})")
     print(f"{'step':18} {'GPU MB':>8} {'+GPU':>8} {'RSS MB':>8} {'+RSS':>8} {'anon MB':>8}  note")
     for row in result["steps"]:
         gpu = "-" if row["gpu_mb"] is None else f"{row['gpu_mb']:.0f}"
