@@ -101,3 +101,41 @@ def test_a_new_frame_size_is_prepared_in_the_background(prepared_models: None, a
     finally:
         perception.close()
 
+
+
+def test_an_observation_that_cannot_be_published_is_counted_and_the_camera_goes_on(
+        prepared_models: None, app_config: Any) -> None:
+    """What follows the analysis (track ids, head pose, the publish callback) raising once is one failed frame, as an
+    analysis that raises: the worker logs and counts it and keeps reading the camera (it used to end the thread)."""
+    from pipeline.inference.perception import Perception
+
+    video = data_path("video", "woman2.mp4")
+    perception = Perception.from_config(app_config)
+    stop = threading.Event()
+    observations: list[Observation] = []
+
+    def publish_failing_once(observation: Observation) -> None:
+        if not observations and not getattr(publish_failing_once, "failed", False):
+            publish_failing_once.failed = True  # type: ignore[attr-defined]
+            raise RuntimeError("sink refused the first observation")
+        observations.append(observation)
+
+    cfg = CameraConfig(name="kiosk", source=str(video), fps=15, loop=True,
+                       reconnect=ReconnectConfig(initial_s=0.2, max_s=0.5, stall_s=5.0))
+    capture = CaptureThread(cfg, stop, lambda _event: None)
+    worker = CameraWorker(capture, perception, IouTracker(), publish_failing_once, stop)
+    try:
+        capture.start()
+        worker.start()
+        deadline = time.monotonic() + 60
+        while len(observations) < 5 and time.monotonic() < deadline and worker.is_alive():
+            time.sleep(0.05)
+        alive = worker.is_alive()
+    finally:
+        stop.set()
+        capture.slot.close()
+        worker.join(15)
+        capture.join(15)
+        perception.close()
+    assert alive and len(observations) >= 5, (alive, len(observations))
+    assert worker.stats.errors == 1

@@ -114,7 +114,10 @@ class CameraWorker(threading.Thread):
         except Exception as exc:  # noqa: BLE001 - one bad frame must not end the camera
             self._failed(frame, exc)
             return
-        self.publish(self.observe(frame, faces, scores, timings, tracked))
+        try:
+            self.publish(self.observe(frame, faces, scores, timings, tracked))
+        except Exception as exc:  # noqa: BLE001 - nor one bad observation: a raise here ended the worker's thread
+            self._failed(frame, exc)
 
     def _failed(self, frame: Frame, exc: Exception) -> None:
         self.stats.errors += 1

@@ -35,12 +35,21 @@ def focal_length(width: float, hfov_deg: float) -> float:
 
 def head_pose(landmarks: np.ndarray, frame_size: tuple[int, int], hfov_deg: float = 70.0,
               cone_deg: float = LOOKING_CONE_DEG) -> HeadPose | None:
-    """The pose of the head whose five landmarks (pixels, the detector's order) are given; None when the fit fails."""
+    """The pose of the head whose five landmarks (pixels, the detector's order) are given; None when the fit fails.
+
+    A fit fails for landmarks too close together to say anything (a distant face, a profile whose points the
+    detector heaped together: SQPnP refuses points spread less than ~12 px on a 1080p frame, by an OpenCV assertion
+    that once ended camera workers on the H200); the face is then read without a pose."""
     width, height = frame_size
     f = focal_length(width, hfov_deg)
     camera = np.array([[f, 0.0, width / 2.0], [0.0, f, height / 2.0], [0.0, 0.0, 1.0]])
     points = np.asarray(landmarks, np.float64).reshape(5, 1, 2)
-    ok, rvec, tvec = cv2.solvePnP(FACE_MODEL, points, camera, None, flags=cv2.SOLVEPNP_SQPNP)
+    if not np.all(np.isfinite(points)):
+        return None
+    try:
+        ok, rvec, tvec = cv2.solvePnP(FACE_MODEL, points, camera, None, flags=cv2.SOLVEPNP_SQPNP)
+    except cv2.error:
+        return None
     if not ok or not np.all(np.isfinite(tvec)) or float(tvec[2, 0]) <= 0:
         return None
     rotation, _ = cv2.Rodrigues(rvec)
