@@ -238,6 +238,15 @@ class AppConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _detector_flip_on_the_opencv_path(self) -> AppConfig:
+        """detector.flip averages two detector runs on the host; the frame graphs path detects inside its graph."""
+        if self.detector.flip and self.inference.graph_frames:
+            raise ConfigValueError("detector.flip runs on the OpenCV frame path only: set inference.frame_path: "
+                                   "opencv (frame_path auto is the graph path with backend onnxruntime on cuda)",
+                                   key=("detector", "flip"), value=True)
+        return self
+
+    @model_validator(mode="after")
     def _tensorrt_needs_fixed_input(self) -> AppConfig:
         """A TensorRT engine is built for one input size (build-engine, engine_key), while `auto` gives each camera
         shape its own; say so here rather than at engine load. Points at detector.input_size when the file sets it,

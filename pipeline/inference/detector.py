@@ -19,6 +19,7 @@ from pipeline.vision.retinaface import (
     decode,
     filter_faces,
     letterbox,
+    merge_mirrored,
 )
 
 
@@ -42,9 +43,19 @@ class FaceDetector:
 
     def finish(self, outputs: dict[str, np.ndarray], fit: Letterbox) -> list[Detection]:
         """Detections in frame pixels; the input size is found again from the frame size (the same cached rule)."""
-        faces = decode(outputs, self.input_for(fit.frame_size), fit, self.cfg.score_threshold, self.cfg.nms_threshold)
-        return filter_faces(faces, self.cfg.min_face_px, self.cfg.max_faces)
+        return filter_faces(self._decode(outputs, fit), self.cfg.min_face_px, self.cfg.max_faces)
+
+    def _decode(self, outputs: dict[str, np.ndarray], fit: Letterbox) -> list[Detection]:
+        return decode(outputs, self.input_for(fit.frame_size), fit, self.cfg.score_threshold, self.cfg.nms_threshold)
 
     def detect(self, image: np.ndarray, timeout: float = 10.0) -> list[Detection]:
+        """The faces of a BGR image; with detector.flip, averaged with those of its mirror image (both runs are
+        submitted at once, so they share a batch)."""
         future, fit = self.submit(image)
-        return self.finish(future.result(timeout=timeout), fit)
+        if not self.cfg.flip:
+            return self.finish(future.result(timeout=timeout), fit)
+        mirrored, mirrored_fit = self.submit(np.ascontiguousarray(image[:, ::-1]))
+        faces = self._decode(future.result(timeout=timeout), fit)
+        twins = self._decode(mirrored.result(timeout=timeout), mirrored_fit)
+        merged = merge_mirrored(faces, twins, image.shape[1])
+        return filter_faces(merged, self.cfg.min_face_px, self.cfg.max_faces)
