@@ -10,7 +10,7 @@ import cv2
 import numpy as np
 import pytest
 
-from pipeline.behavior.presence import Presence
+from pipeline.behavior.presence import Presence, VisitorTally
 from pipeline.behavior.settings import PresenceConfig
 from pipeline.core.types import Detection, EmotionScores, FaceResult, HeadPose, Observation
 from tests.conftest import data_path, run_cli
@@ -40,6 +40,25 @@ def test_a_visitor_arrives_once_looks_and_leaves_with_its_dwell() -> None:
     assert left.track_id == 7 and left.dwell_s == pytest.approx(3.9)
     assert presence.update(_observation(7.0, [8])) == []  # a glimpse is not a visit
     assert [c.kind for c in presence.camera_left("lobby")] == []  # track 8 never arrived
+
+
+def test_visitors_per_hour_dwell_and_the_share_of_time_looked_at() -> None:
+    """The status page's figures from the presence changes and the behaviour loop's clock: the visitor of the test
+    above looked from 1.1 s to 2.6 s (looking_frames 2) of the 6.9 s the camera streamed; it stayed 3.9 s."""
+    presence = Presence(PresenceConfig(arrive_frames=3, leave_after_s=1.0, looking_frames=2))
+    tally = VisitorTally()
+    for k in range(70):
+        t = k / 10
+        tracks = [7] if k < 40 and k != 30 else []
+        for change in presence.update(_observation(t, tracks, looking=10 <= k < 25)):
+            tally.record(change, t)
+        tally.advance(t, presence.looking_cameras(), presence.cameras())
+    row = tally.summary(6.9)["lobby"]
+    assert row["visitors_last_hour"] == 1 and row["mean_dwell_s"] == pytest.approx(3.9)
+    assert row["looked_at_share"] == pytest.approx(1.5 / 6.9, abs=0.002)
+    assert tally.summary(6.9 + 3600.5)["lobby"]["visitors_last_hour"] == 0  # an hour later
+    tally.forget("lobby")
+    assert tally.summary(7.0) == {}
 
 
 def test_the_voice_is_quieter_when_the_visitor_looks_away() -> None:

@@ -112,6 +112,19 @@ def test_status_page_shows_live_tiles(prepared_models: None, tmp_path: Path,
             browser.find_element(By.ID, "problems").text
         assert wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#commands tbody tr"), 60), \
             "no recent command on the page"
+
+        def lobby_visitors() -> list[str]:
+            rows = browser.find_elements(By.CSS_SELECTOR, '#visitors tbody tr[data-camera="lobby"]')
+            return [cell.text for cell in rows[0].find_elements(By.TAG_NAME, "td")] if rows else []
+        # the clip's face is a visitor once tracked for arrive_frames; the share of time looked at follows its pose
+        assert wait_until(lambda: len(lobby_visitors()) == 4 and int(lobby_visitors()[1]) >= 1
+                          and lobby_visitors()[3].endswith("%"), 30), lobby_visitors()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                         headers={"Authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            metrics = response.read().decode()
+        assert 'emotion_visitors_total{camera="lobby"}' in metrics
+        assert "# TYPE emotion_looked_at_seconds_total counter" in metrics
         target = os.environ.get("STATUS_PAGE_SCREENSHOT")  # docs/status-page.png is made this way
         if target:
             browser.save_screenshot(target)

@@ -10,6 +10,9 @@ observations, so a glance does not flap. Everything runs on the behaviour thread
 
 from __future__ import annotations
 
+import threading
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pipeline.behavior.settings import BehaviorConfig, PresenceConfig
@@ -76,6 +79,15 @@ class Presence:
             changes += self._departures(name, camera, now)
         return changes
 
+    def looking_cameras(self) -> set[str]:
+        """The cameras where a visitor (arrived) looks at the camera now."""
+        return {name for name, camera in self._cameras.items()
+                if any(v.arrived and v.looking for v in camera.visitors.values())}
+
+    def cameras(self) -> set[str]:
+        """The cameras whose observations arrive (until the camera leaves)."""
+        return set(self._cameras)
+
     def camera_left(self, camera: str) -> list[PresenceChange]:
         """The camera stopped streaming: its visitors are gone now."""
         state = self._cameras.pop(camera, None)
@@ -108,6 +120,74 @@ class Presence:
     def _left(camera: str, track: int, visitor: _Visitor) -> PresenceChange:
         return PresenceChange("left", camera, track, visitor.last_wall,
                               round(visitor.last_seen - visitor.first_seen, 2))
+
+
+HOUR_S = 3600.0
+
+
+@dataclass
+class _Visits:
+    arrivals: deque[float] = field(default_factory=deque)  # clock times of the arrivals within the last hour
+    dwell_s: float = 0.0
+    departures: int = 0
+    looked_s: float = 0.0  # time with a visitor looking at the camera
+    watched_s: float = 0.0  # time the camera was streaming
+
+
+class VisitorTally:
+    """Per camera: visitors in the last hour, their mean dwell, and the share of time someone looked at the camera
+    (issue 27 item 5, for the status page; Prometheus gets the same from its own counters).
+
+    Time is counted between calls of `advance` (the behaviour loop's, at least every MAPPER_WAKE_S): a camera adds
+    the step to its streaming time, and to its looked-at time when a visitor looked at the start of the step."""
+
+    def __init__(self) -> None:
+        self._cameras: dict[str, _Visits] = {}
+        self._last: float | None = None
+        self._looking: set[str] = set()
+        self._lock = threading.Lock()  # the behaviour thread counts, the status server reads
+
+    def record(self, change: PresenceChange, now: float) -> None:
+        with self._lock:
+            visits = self._cameras.setdefault(change.camera, _Visits())
+            if change.kind == "arrived":
+                visits.arrivals.append(now)
+                while now - visits.arrivals[0] > HOUR_S:
+                    visits.arrivals.popleft()
+            elif change.kind == "left" and change.dwell_s is not None:
+                visits.dwell_s += change.dwell_s
+                visits.departures += 1
+
+    def advance(self, now: float, looking: set[str], streaming: Iterable[str]) -> dict[str, float]:
+        """Count the time since the last call; returns each camera's looked-at seconds added (for the counter)."""
+        with self._lock:
+            step = 0.0 if self._last is None else max(0.0, now - self._last)
+            added = {}
+            for camera in streaming:
+                visits = self._cameras.setdefault(camera, _Visits())
+                visits.watched_s += step
+                if camera in self._looking and step:
+                    visits.looked_s += step
+                    added[camera] = step
+            self._last, self._looking = now, set(looking)
+            return added
+
+    def summary(self, now: float) -> dict[str, dict[str, float | int | None]]:
+        """Per camera: `visitors_last_hour`, `mean_dwell_s` (None before anyone left), `looked_at_share` (of the
+        time it streamed; None before any)."""
+        rows: dict[str, dict[str, float | int | None]] = {}
+        with self._lock:
+            for camera, visits in sorted(self._cameras.items()):
+                rows[camera] = {
+                    "visitors_last_hour": sum(1 for t in visits.arrivals if now - t <= HOUR_S),
+                    "mean_dwell_s": round(visits.dwell_s / visits.departures, 1) if visits.departures else None,
+                    "looked_at_share": round(visits.looked_s / visits.watched_s, 3) if visits.watched_s > 0 else None}
+        return rows
+
+    def forget(self, camera: str) -> None:
+        """A camera removed by a reload."""
+        with self._lock:
+            self._cameras.pop(camera, None)
 
 
 class Greeter:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.behavior.avatar_mapper import BehaviorRouter
 from pipeline.behavior.lookat import LookAt, LookTarget
-from pipeline.behavior.presence import Greeter, Presence, PresenceChange
+from pipeline.behavior.presence import Greeter, Presence, PresenceChange, VisitorTally
 from pipeline.capture.source_base import VideoSource
 from pipeline.capture.thread import CaptureThread
 from pipeline.config.app import AppConfig, CameraConfig, ConfigError, load_config
@@ -136,6 +136,7 @@ class Daemon:
         self.mapper = BehaviorRouter(cfg.behavior, cfg.avatars)
         self.lookat = LookAt(self.mapper, {c.name: c.placement for c in cfg.cameras})
         self.presence = Presence(cfg.behavior.presence)
+        self.tally = VisitorTally()  # visitors per hour, dwell and looked-at share, for the status page
         self.greeter = Greeter()
         self.current: dict[str, Event] = {}  # avatar (else camera) → its last command, for late joiners
         self.looks: dict[str, Event] = {}  # avatar (else camera) → its last lookat event, for late joiners
@@ -232,6 +233,7 @@ class Daemon:
         self.cameras = {k: v for k, v in self.cameras.items() if k != name}
         self.previews.forget(name)
         self.metrics.forget_camera(name)
+        self.tally.forget(name)
 
     # ------------------------------------------------------------------ flow
 
@@ -292,6 +294,8 @@ class Daemon:
             self._publish_commands(self.mapper.tick(time.monotonic(), time.time()))
             self._publish_looks(self.lookat.tick(self.mapper.cameras()))
             self._publish_presence(self.presence.tick(time.monotonic()))
+            self.metrics.looked_at_seconds(self.tally.advance(time.monotonic(), self.presence.looking_cameras(),
+                                                              self.presence.cameras()))
             if obs is None and self.stop_event.is_set() and not self._workers_alive():
                 return
 
@@ -310,6 +314,7 @@ class Daemon:
             self.bus.publish(presence_event(change.kind, change.camera, avatar, change.track_id, change.t_wall,
                                             change.dwell_s))
             self.metrics.presence(change)
+            self.tally.record(change, time.monotonic())
             greeting = self.greeter.greet(change, stream, avatar, behavior, time.monotonic())
             if greeting is not None:
                 self._publish_commands([greeting])
@@ -371,7 +376,7 @@ class Daemon:
             server_present=server is not None, server_alive=server is not None and server.is_alive(),
             cameras=tuple(cam.view(now) for cam in list(self.cameras.values()))
             + tuple(view for group in self.groups for view in group.view_cameras()),
-            models=self._model_views(), outputs=self._output_views())
+            models=self._model_views(), outputs=self._output_views(), visitors=self.tally.summary(now))
 
     def _model_views(self) -> tuple[ModelView, ...]:
         remote = tuple(model for group in self.groups for model in group.models)
@@ -607,6 +612,7 @@ class Daemon:
         for cam_cfg in [c for group in self.groups for c in group.cameras if c.name not in kept]:
             self.previews.forget(cam_cfg.name)  # a camera gone from the config: its series and preview go too
             self.metrics.forget_camera(cam_cfg.name)
+            self.tally.forget(cam_cfg.name)
         self.groups = []
         for name in list(self.cameras):
             self.stop_camera(name)

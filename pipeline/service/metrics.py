@@ -52,6 +52,9 @@ class PipelineMetrics:
                                registry=self.registry)
         self.looks = Counter(f"{PREFIX}_visitor_looks", "Times a visitor started looking at the camera (head pose).",
                              ["camera"], registry=self.registry)
+        self.looked_at = Counter(f"{PREFIX}_looked_at_seconds", "Time a visitor looked at the camera (someone "
+                                 "looking counts once): rate() = the share of time the avatar is looked at.",
+                                 ["camera"], registry=self.registry)
         self.registry.register(_LiveCollector(snapshot))
         self._snapshot = snapshot
         self._cursors: dict[str, tuple[int, int, int]] = {}  # model name -> (id(stats), batches seen, items seen)
@@ -72,6 +75,11 @@ class PipelineMetrics:
         elif change.kind == "looking":
             self.looks.labels(change.camera).inc()
 
+    def looked_at_seconds(self, added: dict[str, float]) -> None:
+        """Time with a visitor looking at each camera (VisitorTally.advance's steps)."""
+        for camera, seconds in added.items():
+            self.looked_at.labels(camera).inc(seconds)
+
     def forget_camera(self, camera: str) -> None:
         """A camera removed by a reload takes its latency and visitor series with it."""
         for stage in ("detect", "crop", "emotion", "total"):
@@ -79,7 +87,7 @@ class PipelineMetrics:
                 self.stage_latency.remove(camera, stage)
             except KeyError:
                 pass
-        for series in (self.visitors, self.dwell, self.looks):
+        for series in (self.visitors, self.dwell, self.looks, self.looked_at):
             try:
                 series.remove(camera)
             except KeyError:

@@ -116,6 +116,7 @@ class DaemonSnapshot:
     last_reload: Mapping[str, Any] | None = None  # the newest reload's outcome (result, at, trigger, changes, errors)
     streams: tuple[str, ...] = ()  # the command streams: each avatar, then each camera in no avatar
     current: Mapping[str, Any] = field(default_factory=dict)  # stream → its last command (current_json)
+    visitors: Mapping[str, Any] = field(default_factory=dict)  # camera → VisitorTally.summary's row
 
     def has_camera(self, name: str) -> bool:
         """Whether a camera of that name runs (the status server's 404 check)."""

@@ -264,6 +264,7 @@ def status_document(snapshot: DaemonSnapshot, now: float | None = None) -> dict[
         "preview_fps": snapshot.preview_fps,
         "recent_commands": list(snapshot.recent_commands)[::-1],
         "avatars": _avatars_status(snapshot),
+        "visitors": dict(snapshot.visitors),
     }
 
 

@@ -152,6 +152,19 @@ function renderOutputs(sinks) {
   }));
 }
 
+function renderVisitors(visitors) {
+  const body = $("#visitors tbody");
+  body.replaceChildren(...Object.entries(visitors).map(([camera, v]) => {
+    const row = el("tr");
+    row.dataset.camera = camera;
+    const dwell = v.mean_dwell_s === null ? "–" : `${fmt(v.mean_dwell_s, 1)} s`;
+    const looked = v.looked_at_share === null ? "–" : `${fmt(100 * v.looked_at_share, 0)} %`;
+    row.append(el("td", "", camera), el("td", "", String(v.visitors_last_hour)), el("td", "", dwell),
+               el("td", "", looked));
+    return row;
+  }));
+}
+
 function renderCommands(commands) {
   const body = $("#commands tbody");
   body.replaceChildren(...commands.map((c) => {
@@ -185,6 +198,7 @@ async function refresh() {
     renderCameras(status.cameras, status.preview_fps);
     renderOutputs(status.sinks);
     renderCommands(status.recent_commands);
+    renderVisitors(status.visitors || {});
     renderReload(status.config);
     renderAvatars(status.avatars || []);
     refreshHistory();
