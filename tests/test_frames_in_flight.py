@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,31 +35,39 @@ def _perception(app_config: Any, frames_in_flight: int) -> FramePerception:
     return perception
 
 
-@pytest.mark.parametrize("depth", [1, 2])
-def test_a_camera_keeps_its_frames_in_flight_and_publishes_in_order(prepared_models: None, app_config: Any,
-                                                                     depth: int) -> None:
-    """1080p frames arrive every 40 ms and take longer than that to analyse on the CPU, so the worker always has a
-    next frame to hand over: it reaches its depth, never exceeds it, and publishes frames in increasing order."""
-    video = data_path("video", "group_1080p.mp4")
-    perception = _perception(app_config, depth)
+def _run_camera(video: Path, fps: float, perception: Any, publish: Callable[[Observation], None],
+                enough: Callable[[], bool], timeout_s: float) -> tuple[CameraWorker, bool]:
+    """A real capture of `video` looping at `fps` and a CameraWorker on `perception`, until `enough()` or the time
+    is up; then both are stopped and the perception closed. The worker, and whether it was alive at the end."""
     stop = threading.Event()
-    observations: list[Observation] = []
-    cfg = CameraConfig(name="lobby", source=str(video), fps=25, loop=True,
+    cfg = CameraConfig(name="lobby", source=str(video), fps=fps, loop=True,
                        reconnect=ReconnectConfig(initial_s=0.2, max_s=0.5, stall_s=5.0))
     capture = CaptureThread(cfg, stop, lambda _event: None)
-    worker = CameraWorker(capture, perception, IouTracker(), observations.append, stop)
+    worker = CameraWorker(capture, perception, IouTracker(), publish, stop)
     try:
         capture.start()
         worker.start()
-        deadline = time.monotonic() + 90
-        while len(observations) < 12 and time.monotonic() < deadline and worker.is_alive():
-            time.sleep(0.1)
+        deadline = time.monotonic() + timeout_s
+        while not enough() and time.monotonic() < deadline and worker.is_alive():
+            time.sleep(0.05)
+        alive = worker.is_alive()
     finally:
         stop.set()
         capture.slot.close()
         worker.join(15)
         capture.join(15)
         perception.close()
+    return worker, alive
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_camera_keeps_its_frames_in_flight_and_publishes_in_order(prepared_models: None, app_config: Any,
+                                                                     depth: int) -> None:
+    """1080p frames arrive every 40 ms and take longer than that to analyse on the CPU, so the worker always has a
+    next frame to hand over: it reaches its depth, never exceeds it, and publishes frames in increasing order."""
+    observations: list[Observation] = []
+    worker, _ = _run_camera(data_path("video", "group_1080p.mp4"), 25, _perception(app_config, depth),
+                            observations.append, lambda: len(observations) >= 12, 90)
     indices = [o.frame_index for o in observations]
     assert len(indices) >= 12, f"only {len(indices)} observations, worker errors {worker.stats.errors}"
     assert indices == sorted(set(indices)), indices
@@ -109,9 +119,6 @@ def test_an_observation_that_cannot_be_published_is_counted_and_the_camera_goes_
     analysis that raises: the worker logs and counts it and keeps reading the camera (it used to end the thread)."""
     from pipeline.inference.perception import Perception
 
-    video = data_path("video", "woman2.mp4")
-    perception = Perception.from_config(app_config)
-    stop = threading.Event()
     observations: list[Observation] = []
 
     def publish_failing_once(observation: Observation) -> None:
@@ -120,22 +127,7 @@ def test_an_observation_that_cannot_be_published_is_counted_and_the_camera_goes_
             raise RuntimeError("sink refused the first observation")
         observations.append(observation)
 
-    cfg = CameraConfig(name="kiosk", source=str(video), fps=15, loop=True,
-                       reconnect=ReconnectConfig(initial_s=0.2, max_s=0.5, stall_s=5.0))
-    capture = CaptureThread(cfg, stop, lambda _event: None)
-    worker = CameraWorker(capture, perception, IouTracker(), publish_failing_once, stop)
-    try:
-        capture.start()
-        worker.start()
-        deadline = time.monotonic() + 60
-        while len(observations) < 5 and time.monotonic() < deadline and worker.is_alive():
-            time.sleep(0.05)
-        alive = worker.is_alive()
-    finally:
-        stop.set()
-        capture.slot.close()
-        worker.join(15)
-        capture.join(15)
-        perception.close()
+    worker, alive = _run_camera(data_path("video", "woman2.mp4"), 15, Perception.from_config(app_config),
+                                publish_failing_once, lambda: len(observations) >= 5, 60)
     assert alive and len(observations) >= 5, (alive, len(observations))
     assert worker.stats.errors == 1
