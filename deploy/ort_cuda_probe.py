@@ -120,7 +120,8 @@ def main() -> None:
         for name, (_, _, env) in SESSION_VARIANTS.items():
             out = subprocess.run([sys.executable, __file__, model, "--session", name], capture_output=True, text=True,
                                  check=False, env={**os.environ, **env})
-            result = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"error": out.stderr[-800:]}
+            failed = {"error": out.stderr[-800:]}
+            result = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else failed
             print(json.dumps({"variant": name, **result}), flush=True)
         return
     if len(sys.argv) > 2:

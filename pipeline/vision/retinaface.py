@@ -164,7 +164,7 @@ def filter_faces(faces: list[Detection], min_face_px: int, max_faces: int) -> li
     return kept[:max_faces]
 
 
-MIRROR_ORDER = [1, 0, 2, 4, 3]  # a mirrored face's landmarks in the detector's order: the two eyes and mouth corners swap
+MIRROR_ORDER = [1, 0, 2, 4, 3]  # a mirrored face's points in the detector's order: eyes and mouth corners swap
 TWIN_IOU = 0.5  # a face and its mirror twin (unmirrored) overlap at least this much
 
 
@@ -203,4 +203,3 @@ def _average(a: Detection, b: Detection) -> Detection:
     box = tuple((u + v) / 2.0 for u, v in zip(a.box, b.box))
     points = ((np.asarray(a.landmarks, np.float64) + np.asarray(b.landmarks, np.float64)) / 2.0).astype(np.float32)
     return Detection(box=box, score=(a.score + b.score) / 2.0, landmarks=points)  # type: ignore[arg-type]
-
