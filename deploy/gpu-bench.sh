@@ -172,6 +172,7 @@ case "${1:-check}" in
         cams8lean) opts="--cameras 8 --max-batch 16 --batch-step 2 --set emotion.model=dlibface_student64 --set inference.max_faces_per_run=64" ;;
         cams8lean8) opts="--cameras 8 --max-batch 8 --batch-step 2 --set emotion.model=dlibface_student64 --set inference.max_faces_per_run=64" ;;
         cams8lean8nomp) opts="--cameras 8 --max-batch 8 --batch-step 2 --set emotion.model=dlibface_student64 --set inference.max_faces_per_run=64 --set inference.memory_pattern=false" ;;
+        cams8lean8step4nomp) opts="--cameras 8 --max-batch 8 --batch-step 4 --set emotion.model=dlibface_student64 --set inference.max_faces_per_run=64 --set inference.memory_pattern=false" ;;
         cams8lean8step4) opts="--cameras 8 --max-batch 8 --batch-step 4 --set emotion.model=dlibface_student64 --set inference.max_faces_per_run=64" ;;
         cublasdefault) opts="--cameras 32 --max-batch 64 --batch-step 2 --set inference.cublas_workspace=''" ;;
         *) echo "unknown variant $variant"; continue ;;
