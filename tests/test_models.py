@@ -267,15 +267,21 @@ def test_source_fields_follow_their_kind(tmp_path: Path, source: str, complaint:
         load_manifest("odd", tmp_path)
 
 
-def _prepare_in_child(barrier: Any, results: Any) -> None:
-    """A second process that needs the same file: fp16 of mini-Xception, started at the same moment as another."""
+def _prepare_in_child(folder: str, cache: str, barrier: Any, results: Any) -> None:
+    """A second process that needs the same file: fp16 of mini-Xception in `folder` (this test's models/), started at
+    the same moment as another. Spawned, so it counts its own preparations."""
+    import pipeline.modelprep.manifest as manifest_in_child
+    import pipeline.modelprep.prepare as prepare_in_child
+
+    manifest_in_child.MODELS_DIR = prepare_in_child.MODELS_DIR = Path(folder)
+    prepare_in_child.CACHE_DIR = Path(cache)
     made = []
-    inner = models_module._prepare_variants
-    models_module._prepare_variants = lambda *args: (made.append(1), inner(*args))  # type: ignore[assignment]
-    manifest = load_manifest("mini_xception_fer2013", manifest_module.MODELS_DIR)
-    barrier.wait(30)
+    inner = prepare_in_child._prepare_variants
+    prepare_in_child._prepare_variants = lambda *args: (made.append(1), inner(*args))  # type: ignore[assignment]
+    manifest = manifest_in_child.load_manifest("mini_xception_fer2013", Path(folder))
+    barrier.wait(60)
     try:
-        path = ensure_model(manifest, "fp16")
+        path = prepare_in_child.ensure_model(manifest, "fp16")
         results.put(("ok", str(path), len(made)))
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the test with it
         results.put(("error", repr(exc), len(made)))
@@ -288,9 +294,11 @@ def test_two_processes_needing_one_model_prepare_it_once(prepared_models: None, 
     folder = _isolate(tmp_path, monkeypatch)
     for stale in folder.glob("mini_xception_fer2013.fp16.*"):
         stale.unlink()
-    context = multiprocessing.get_context("fork")  # the children keep this test's models/ (monkeypatched)
+    context = multiprocessing.get_context("spawn")  # not fork: the test process has threads (xdist, batchers)
     barrier, results = context.Barrier(2), context.Queue()
-    children = [context.Process(target=_prepare_in_child, args=(barrier, results)) for _ in range(2)]
+    cache = str(models_module.CACHE_DIR)
+    children = [context.Process(target=_prepare_in_child, args=(str(folder), cache, barrier, results))
+                for _ in range(2)]
     for child in children:
         child.start()
     outcomes = [results.get(timeout=240) for _ in children]
