@@ -175,6 +175,12 @@ case "${1:-check}" in
         cams8lean8step4nomp) opts="--cameras 8 --max-batch 8 --batch-step 4 --set emotion.model=dlibface_student64 --set inference.max_faces_per_run=64 --set inference.memory_pattern=false" ;;
         cams8lean8step4) opts="--cameras 8 --max-batch 8 --batch-step 4 --set emotion.model=dlibface_student64 --set inference.max_faces_per_run=64" ;;
         cublasdefault) opts="--cameras 32 --max-batch 64 --batch-step 2 --set inference.cublas_workspace=''" ;;
+        frames64) opts="--cameras 32 --max-batch 64 --batch-step 2 --set inference.max_frames_per_run=64" ;;
+        frames32) opts="--cameras 32 --max-batch 64 --batch-step 2 --set inference.max_frames_per_run=32" ;;
+        frames8) opts="--cameras 32 --max-batch 64 --batch-step 2 --set inference.max_frames_per_run=8" ;;
+        frames16nomp) opts="--cameras 32 --max-batch 64 --batch-step 2 --set inference.memory_pattern=false" ;;
+        cams8f4) opts="--cameras 8 --max-batch 16 --batch-step 2 --set inference.max_frames_per_run=4" ;;
+        cams8leanf4) opts="--cameras 8 --max-batch 8 --batch-step 4 --set emotion.model=dlibface_student64 --set inference.max_faces_per_run=64 --set inference.memory_pattern=false --set inference.max_frames_per_run=4" ;;
         *) echo "unknown variant $variant"; continue ;;
       esac
       echo "== memory $variant: $opts"

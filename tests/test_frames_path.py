@@ -206,6 +206,35 @@ def test_faces_beyond_one_run_are_read_in_parts(graph_perception: FramePerceptio
         np.testing.assert_allclose([s.probs for s in scores], [s.probs for s in ref_scores], atol=1e-5)
 
 
+def test_frames_beyond_one_detector_run_are_detected_in_parts(graph_perception: FramePerception,
+                                                               prepared_models: None, app_config: Any) -> None:
+    """inference.max_frames_per_run caps the frames of one detector run (on cuda the largest run sizes the memory
+    arena): a batch with more frames is detected in parts and gives the same faces and emotions."""
+    frames = _frames(data_path("video", "group_1080p.mp4"), 5, 13)
+    config = _graph_config(app_config)
+    small = load_perception(config.model_copy(update={"inference": config.inference.model_copy(
+        update={"max_frames_per_run": 2})}))
+    lane = small.engine._lanes[0]  # type: ignore[attr-defined]
+    session = lane._session("detector", frame_format(frames[0]))
+    runs: list[int] = []
+    run = session.run
+
+    def counted(names: Any, feeds: dict[str, np.ndarray]) -> Any:
+        runs.append(len(feeds["frames"]))
+        return run(names, feeds)
+    session.run = counted
+    try:
+        parted = small.engine.run_items(frames)
+    finally:
+        small.close()
+    assert runs == [2, 2, 1], runs
+    whole = graph_perception.engine.run_items(frames)
+    assert sum(len(result.scores) for result in whole) >= len(frames)  # faces to compare
+    for result, reference in zip(parted, whole):
+        np.testing.assert_array_equal(result.boxes, reference.boxes)
+        np.testing.assert_allclose(result.probs, reference.probs, atol=1e-5)
+
+
 def test_thresholds_apply_at_run_time(prepared_models: None, app_config: Any) -> None:
     """The score threshold is a graph input: a stricter one gives fewer faces with no rebuilt graph."""
     frames = _frames(data_path("video", "group_1080p.mp4"), 3, 11)
@@ -249,11 +278,12 @@ CUDA_PROBLEM = _cuda_problem()
 needs_cuda = pytest.mark.skipif(CUDA_PROBLEM is not None, reason=f"needs a CUDA GPU: {CUDA_PROBLEM}")
 
 
-def _prepared_gpu(app_config: Any, frame: Any) -> FramePerception:
-    """The frame graphs on CUDA (two lanes), with the frames' format prepared first, as bench does for the size it
-    knows: building and warming a format's sessions took longer than a frame's 10 s result timeout the first time a
-    process touched the GPU (on the H200 both first tests timed out while it ran)."""
-    gpu = load_perception(_graph_config(app_config, device="cuda", lanes=2))
+def _prepared_gpu(app_config: Any, frame: Any, **inference: Any) -> FramePerception:
+    """The frame graphs on CUDA (two lanes; `inference`: more settings), with the frames' format prepared first, as
+    bench does for the size it knows: building and warming a format's sessions took longer than a frame's 10 s result
+    timeout the first time a process touched the GPU (on the H200 both first tests timed out while it ran)."""
+    config = _graph_config(app_config, device="cuda", lanes=2)
+    gpu = load_perception(config.model_copy(update={"inference": config.inference.model_copy(update=inference)}))
     if not isinstance(gpu, FramePerception):
         raise TypeError(f"frame_path graph gave {type(gpu).__name__}")
     try:
@@ -276,6 +306,22 @@ def test_on_cuda_with_host_frames(prepared_models: None, app_config: Any, percep
         gpu.close()
     same_count, same_top, worst_px, _ = _agreement([perception.analyze(f) for f in frames], candidate)
     assert same_count >= 0.99 and same_top >= 0.98 and worst_px <= 2.0
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_cuda_frames_detected_in_parts(prepared_models: None, app_config: Any, perception: Perception) -> None:
+    """inference.max_frames_per_run on CUDA: runs of at most 2 frames over rows of the lane's one frame buffer (a
+    wrong row offset would read another camera's frame) give the OpenCV path's faces and emotions."""
+    frames = _frames(data_path("video", "group_1080p.mp4"), 7, 13)
+    gpu = _prepared_gpu(app_config, frames[0], max_frames_per_run=2)
+    try:
+        results = gpu.engine.run_items(frames)
+    finally:
+        gpu.close()
+    candidate = [(r.detections(), r.emotions(), r.timings) for r in results]
+    same_count, same_top, worst_px, compared = _agreement([perception.analyze(f) for f in frames], candidate)
+    assert compared > len(frames) and same_count >= 0.99 and same_top >= 0.98 and worst_px <= 2.0
 
 
 @pytest.mark.gpu

@@ -96,3 +96,17 @@ class FrameResult:
 
     def emotions(self) -> list[EmotionScores]:
         return [EmotionScores(row) for row in self.probs]
+
+
+def run_slices(count: int, cap: int) -> list[slice]:
+    """`count` rows in consecutive runs of at most `cap` (inference.max_frames_per_run, max_faces_per_run): on
+    cuda the largest run a session sees sizes its share of the memory arena, so a batch is read in parts."""
+    cap = max(1, cap)
+    return [slice(start, min(start + cap, count)) for start in range(0, count, cap)]
+
+
+def stacked_rows(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The detector graph's outputs of consecutive runs as one run's (every run has the same faces per row)."""
+    if len(parts) == 1:
+        return parts[0]
+    return {name: np.concatenate([part[name] for part in parts]) for name in FACE_OUTPUTS}

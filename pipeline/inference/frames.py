@@ -45,6 +45,8 @@ from pipeline.inference.frame_faces import (
     joined,
     kept_faces,
     no_face_rows,
+    run_slices,
+    stacked_rows,
 )
 from pipeline.inference.pending import Analysis, PendingAnalysis
 from pipeline.inference.settings import DetectorConfig, EmotionConfig, InferenceConfig
@@ -152,9 +154,10 @@ class FrameGraphs:
 class HostFrameLane:
     """The frame graphs on ONNX Runtime's CPU provider: host frames only (a GPU frame is refused)."""
 
-    def __init__(self, graphs: FrameGraphs, session_factory: Callable[[bytes], Any]) -> None:
+    def __init__(self, graphs: FrameGraphs, session_factory: Callable[[bytes], Any], frame_cap: int = 1024) -> None:
         self._graphs = graphs
         self._session_factory = session_factory
+        self._frame_cap = frame_cap  # inference.max_frames_per_run, as on cuda
         self._sessions: dict[tuple[str, FrameFormat], Any] = {}
         self._frames: np.ndarray | None = None
 
@@ -177,8 +180,10 @@ class HostFrameLane:
         rows = len(items) if rows is None else rows
         if rows == 0:
             return no_face_rows()
-        feeds = {FRAME_INPUT: self._frames[:rows], **thresholds}
-        return dict(zip(FACE_OUTPUTS, self._session("detector", fmt).run(list(FACE_OUTPUTS), feeds)))
+        session = self._session("detector", fmt)
+        return stacked_rows([dict(zip(FACE_OUTPUTS, session.run(list(FACE_OUTPUTS), {FRAME_INPUT: self._frames[run],
+                                                                                   **thresholds})))
+                             for run in run_slices(rows, self._frame_cap)])
 
     def classify(self, fmt: FrameFormat, matrices: np.ndarray, frame_index: np.ndarray) -> np.ndarray:
         if self._frames is None:
@@ -291,9 +296,8 @@ class FrameEngine:
         on cuda the largest run sizes the memory arena)."""
         if not len(matrices):
             return np.zeros((0, len(self._order)), np.float32)
-        step = self._faces_per_run
-        parts = [runner.classify(fmt, matrices[i:i + step], frame_index[i:i + step])
-                 for i in range(0, len(matrices), step)]
+        parts = [runner.classify(fmt, matrices[run], frame_index[run])
+                 for run in run_slices(len(matrices), self._faces_per_run)]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _crop_matrices(self, kept: KeptFaces) -> tuple[np.ndarray, np.ndarray]:
@@ -398,7 +402,7 @@ def load_frame_perception(detector_path: Path, classifier_path: Path, detector: 
     else:
         def cpu_session(graph: bytes) -> Any:
             return make_session(ort, graph, "frame graph", threads, ["CPUExecutionProvider"])
-        lanes = [HostFrameLane(graphs, cpu_session) for _ in range(inference.lanes)]
+        lanes = [HostFrameLane(graphs, cpu_session, inference.max_frames_per_run) for _ in range(inference.lanes)]
     describe = {"backend": "onnxruntime", "device": inference.device, "precision": precision,
                 "frame_path": "graph", "lanes": str(len(lanes)),
                 "files": f"{detector_path.name}, {classifier_path.name}"}
@@ -430,7 +434,8 @@ def _cuda_lanes(ort: Any, graphs: FrameGraphs, inference: InferenceConfig, detec
         for index in range(inference.lanes):
             lanes.append(CudaFrameLane(graphs, cuda_session, inference.max_batch, inference.batch_step,
                                        face_cap=inference.max_faces_per_run,
-                                       what=f"frame graphs lane {index}"))
+                                       what=f"frame graphs lane {index}",
+                                       frame_cap=inference.max_frames_per_run))
     except BaseException:
         for lane in lanes:
             lane.close()

@@ -245,6 +245,12 @@ class InferenceConfig(StrictModel):
                                    "own session, and the largest sets the memory arena's size: 256 took GB less "
                                    "than a batch's worst case (max_batch x detector.max_faces x 2) on an H200 "
                                    "(BENCHMARKS.md, bench memory).")
+    max_frames_per_run: int = Field(16, ge=1, le=1024, description="Frame graphs path: the most frames the "
+                                    "detector reads in one run; a batch with more frames to detect on runs in "
+                                    "parts over the same frame buffer. On cuda each padded count up to this has its "
+                                    "own session, and the largest run sets the detector's share of the memory "
+                                    "arena: a run of 64 1080p frames holds them once as float16 (0.8 GB) before "
+                                    "its first halving (BENCHMARKS.md, bench memory).")
     cudnn_max_workspace: bool = Field(True, description="device cuda: let cuDNN choose convolution algorithms "
                                       "that need the largest scratch memory (ONNX Runtime's "
                                       "cudnn_conv_use_max_workspace, its default). false: less GPU memory per "

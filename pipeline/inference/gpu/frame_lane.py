@@ -5,10 +5,12 @@ stream: device to device from an NVDEC frame (core.types.DeviceImage), host to d
 graphs are bound to that buffer with ONNX Runtime's I/O binding (no numpy copy of a frame anywhere); only the
 thresholds, the crop matrices and the frame index of each face go up, and only faces and probabilities come down.
 
-Like CudaLane, each graph has one session per padded size (frames: powers of `step` up to max_batch; faces: powers of
-`step` up to `face_cap`), because ONNX Runtime's CUDA provider re-plans for seconds on any new input shape. The
-classifier graph is always bound to the whole buffer (max_batch frames), so its only varying shape is the face
-count.
+Like CudaLane, each graph has one session per padded size (frames: powers of `step` up to `frame_cap`; faces: powers
+of `step` up to `face_cap`), because ONNX Runtime's CUDA provider re-plans for seconds on any new input shape. A batch
+with more frames to detect on than `frame_cap` is detected in consecutive runs over rows of the one buffer
+(inference.max_frames_per_run): the largest run sets the detector's share of the memory arena, and a run of 64 1080p
+frames holds them as float16 once (0.8 GB) before the first halving. The classifier graph is always bound to the
+whole buffer, so its only varying shape is the face count.
 
 The caller (the batcher's runner thread) holds the frames it passed until detect/classify return; both end with
 outputs copied to the host, i.e. after the stream has finished reading them.
@@ -27,8 +29,8 @@ import numpy as np
 from pipeline.core.types import FrameImage
 from pipeline.inference.backend import BackendError
 from pipeline.inference.gpu.cuda import DeviceBuffer, Stream
-from pipeline.inference.frame_faces import no_face_rows
-from pipeline.inference.gpu.cuda_lane import padded_size
+from pipeline.inference.frame_faces import no_face_rows, run_slices, stacked_rows
+from pipeline.inference.gpu.cuda_lane import padded_rows, padded_size
 from pipeline.modelprep.frame_graphs import (
     FACE_OUTPUTS,
     FRAME_INDEX_INPUT,
@@ -64,13 +66,15 @@ class CudaFrameLane:
     """The two frame graphs on one CUDA stream, over one device batch buffer per frame format."""
 
     def __init__(self, graphs: GraphSource, session_factory: Callable[[bytes, int], Any], max_batch: int,
-                 step: int, face_cap: int, what: str) -> None:
+                 step: int, face_cap: int, what: str, frame_cap: int | None = None) -> None:
         self.what = what
         self._graphs = graphs
         self._session_factory = session_factory
         self._max_batch = max_batch
         self._step = step
         self._face_cap = max(1, face_cap)
+        self._frame_cap = max(1, min(frame_cap or max_batch, max_batch))
+        self._rows = padded_rows(max_batch, step, self._frame_cap)  # the buffer's rows: every padded run fits
         self._formats: dict[FrameFormat, _FormatState] = {}
         self._lock = threading.Lock()
         self._stream: Stream | None = Stream(what)
@@ -84,7 +88,7 @@ class CudaFrameLane:
         state = self._formats.get(fmt)
         if state is None:
             frame_bytes = fmt.width * fmt.height * 3
-            buffer = DeviceBuffer(f"{self.what} frames {fmt.width}x{fmt.height}", frame_bytes * self._max_batch)
+            buffer = DeviceBuffer(f"{self.what} frames {fmt.width}x{fmt.height}", frame_bytes * self._rows)
             state = self._formats[fmt] = _FormatState(buffer, frame_bytes)
         return state
 
@@ -109,7 +113,7 @@ class CudaFrameLane:
             state = self._state(fmt)
         zeros = np.zeros((fmt.height, fmt.width, 3), np.uint8)
         thresholds = {SCORE_THRESHOLD: np.array([0.5], np.float32), IOU_THRESHOLD: np.array([0.4], np.float32)}
-        for bucket in sorted({padded_size(n, self._step, self._max_batch) for n in range(1, self._max_batch + 1)}):
+        for bucket in sorted({padded_size(n, self._step, self._frame_cap) for n in range(1, self._frame_cap + 1)}):
             self.detect([zeros] * bucket, fmt, thresholds)
         for bucket in sorted({padded_size(n, self._step, self._face_cap) for n in range(1, self._face_cap + 1)}):
             matrices = np.tile(np.array([[1, 0, 0], [0, 1, 0]], np.float32), (bucket, 1, 1))
@@ -119,7 +123,8 @@ class CudaFrameLane:
 
     def detect(self, items: Sequence[FrameImage], fmt: FrameFormat, thresholds: dict[str, np.ndarray],
                rows: int | None = None) -> dict[str, np.ndarray]:
-        """Every frame into the batch buffer; the detector graph on the first `rows` (all when None)."""
+        """Every frame into the batch buffer; the detector graph on the first `rows` (all when None), in runs of at
+        most `frame_cap` frames."""
         if len(items) > self._max_batch:
             raise BackendError(f"{self.what}: {len(items)} frames exceed max_batch {self._max_batch}")
         count = len(items) if rows is None else rows
@@ -129,16 +134,25 @@ class CudaFrameLane:
             self._stage(stream, state, items)
             if count == 0:  # frames without detection only: the copies stay queued before classify's run
                 return no_face_rows()
-            bucket = padded_size(count, self._step, self._max_batch)
-            session, binding = self._detect_session(fmt, state, bucket)
-            binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [bucket, fmt.height, fmt.width, 3], state.frames.ptr)
-            for name, value in thresholds.items():
-                binding.bind_cpu_input(name, value)
-            binding.clear_binding_outputs()
-            for name in FACE_OUTPUTS:
-                binding.bind_output(name, "cpu")
-            session.run_with_iobinding(binding)  # on the lane's stream, after the copies; returns with outputs on the host
-            values = binding.copy_outputs_to_cpu()
+            parts = [self._detect_run(fmt, state, run, thresholds) for run in run_slices(count, self._frame_cap)]
+        return stacked_rows(parts)
+
+    def _detect_run(self, fmt: FrameFormat, state: _FormatState, run: slice,
+                    thresholds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The detector graph on the buffer's rows `run` (padded: the rows after it are read and their results
+        dropped); on the lane's stream, after the copies; returns with the outputs on the host."""
+        count = run.stop - run.start
+        bucket = padded_size(count, self._step, self._frame_cap)
+        session, binding = self._detect_session(fmt, state, bucket)
+        binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [bucket, fmt.height, fmt.width, 3],
+                           state.frames.ptr + run.start * state.frame_bytes)
+        for name, value in thresholds.items():
+            binding.bind_cpu_input(name, value)
+        binding.clear_binding_outputs()
+        for name in FACE_OUTPUTS:
+            binding.bind_output(name, "cpu")
+        session.run_with_iobinding(binding)
+        values = binding.copy_outputs_to_cpu()
         return {name: value[:count] for name, value in zip(FACE_OUTPUTS, values)}
 
     def _stage(self, stream: Stream, state: _FormatState, items: Sequence[FrameImage]) -> None:
@@ -167,7 +181,7 @@ class CudaFrameLane:
             self._live_stream()
             state = self._state(fmt)
             session, binding = self._classify_session(fmt, state, bucket)
-            binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [self._max_batch, fmt.height, fmt.width, 3],
+            binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [self._rows, fmt.height, fmt.width, 3],
                                state.frames.ptr)
             binding.bind_cpu_input(MATRIX_INPUT, padded_matrices)
             binding.bind_cpu_input(FRAME_INDEX_INPUT, padded_index)
