@@ -151,8 +151,10 @@ case "${1:-check}" in
     done
     ;;
   memory)  # issue 25 item 3: one camera group's GPU and host memory step by step (bench memory), one process per
-    # variant, group_1080p.mp4 at 25 fps through NVDEC on the frame graphs path; VARIANTS picks among the names below
-    common="--video $PWD/.benchdata/video/group_1080p.mp4 --fps 25 --device cuda --precision fp16 --detector-input 640x352 \
+    # variant, CLIP (group_1080p.mp4) at 25 fps through NVDEC on the frame graphs path; VARIANTS picks among the names
+    # below. CLIP=group_1080p_ipp.mp4 (as IP cameras send: no B-frames; NVDEC then needs half the surfaces) is made
+    # beforehand with: ffmpeg -i group_1080p.mp4 -c:v libx264 -preset medium -crf 20 -bf 0 -g 50 -an group_1080p_ipp.mp4
+    common="--video $PWD/.benchdata/video/${CLIP:-group_1080p.mp4} --fps 25 --device cuda --precision fp16 --detector-input 640x352 \
       --lanes 1 --mode batched --decode gpu --frame-path graph --duration ${DURATION:-10} --settle-s 4 --log-level warning"
     for variant in ${VARIANTS:-base nocudnnws step4 student cams8}; do
       case $variant in
@@ -180,11 +182,12 @@ case "${1:-check}" in
         frames8) opts="--cameras 32 --max-batch 64 --batch-step 2 --set inference.max_frames_per_run=8" ;;
         frames16nomp) opts="--cameras 32 --max-batch 64 --batch-step 2 --set inference.memory_pattern=false" ;;
         cams8f4) opts="--cameras 8 --max-batch 16 --batch-step 2 --set inference.max_frames_per_run=4" ;;
+        cams8mb8) opts="--cameras 8 --max-batch 8 --batch-step 2" ;;
         cams8leanf4) opts="--cameras 8 --max-batch 8 --batch-step 4 --set emotion.model=dlibface_student64 --set inference.max_faces_per_run=64 --set inference.memory_pattern=false --set inference.max_frames_per_run=4" ;;
         *) echo "unknown variant $variant"; continue ;;
       esac
       echo "== memory $variant: $opts"
-      python3 run_pipeline.py bench memory $common $opts ${EXTRA:-} --json "$OUT/memory_${variant}.json" | tail -9
+      python3 run_pipeline.py bench memory $common $opts ${EXTRA:-} --json "$OUT/memory_${variant}${TAG:-}.json" | tail -9
     done
     ;;
   interval-sweep)  # issue 25: the most cameras at detector.interval INTERVAL (3) with MODEL (the default), groups of
