@@ -21,7 +21,8 @@ case "${1:-check}" in
     python3 deploy/ort_cuda_probe.py models/retinaface_mnet025.fp16.onnx | tee "$OUT/probe.jsonl"
     ;;
   session-probe)  # issue 25 item 3: what each further CUDA session costs with the shared arena, per option
-    python3 deploy/ort_cuda_probe.py models/retinaface_mnet025.fp16.onnx --sessions | tee "$OUT/session_probe.jsonl"
+    python3 deploy/ort_cuda_probe.py models/retinaface_mnet025.fp16.onnx --sessions ${SESSION_VARIANTS:-} \
+      | tee "$OUT/session_probe${TAG:-}.jsonl"
     ;;
   engine)
     python3 run_pipeline.py bench engine --model emotion --device cuda --precision fp32,fp16,int8 \

@@ -78,9 +78,18 @@ def probe(model: str, options: dict[str, str], shared_arena: bool) -> dict[str, 
             "gpu_mb_1_session": mb_one, "gpu_mb_4_sessions": gpu_mb()}
 
 
+def rss_mb() -> float:
+    """This process's resident host memory (VmRSS), MB."""
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
 def session_probe(model: str, name: str) -> dict[str, object]:
-    """GPU memory after one session (run at every size), then after 7 more sessions each run at batch 1 only:
-    the slope is what a further session costs beyond the activations the shared arena already holds."""
+    """GPU and host memory after one session (run at every size), then after 7 more sessions each run at batch 1
+    only: the slope is what a further session costs beyond the activations the shared arena already holds."""
     import onnxruntime as ort
 
     from pipeline.inference.onnxruntime import share_cuda_arena
@@ -97,18 +106,20 @@ def session_probe(model: str, name: str) -> dict[str, object]:
     so.intra_op_num_threads = 1
     so.log_severity_level = 3
     frames = {n: np.random.default_rng(0).integers(0, 256, (n, 352, 640, 3), dtype=np.uint8) for n in SIZES}
-    baseline = gpu_mb()
+    baseline, host_baseline = gpu_mb(), rss_mb()
     first = ort.InferenceSession(model, so, providers=[("CUDAExecutionProvider", provider)])
     for n in SIZES:
         timed(first, frames[n])
     steady = {n: round(float(np.median([timed(first, frames[n]) for _ in range(5)])), 2) for n in SIZES}
-    one = gpu_mb()
+    one, host_one = gpu_mb(), rss_mb()
     more = [ort.InferenceSession(model, so, providers=[("CUDAExecutionProvider", provider)]) for _ in range(7)]
     for session in more:
         timed(session, frames[1])
-    eight = gpu_mb()
+    eight, host_eight = gpu_mb(), rss_mb()
     return {"gpu_mb_before": baseline, "gpu_mb_1_session": one, "gpu_mb_8_sessions": eight,
-            "mb_per_further_session": round((eight - one) / 7, 1), "steady_ms": steady}
+            "mb_per_further_session": round((eight - one) / 7, 1), "steady_ms": steady,
+            "host_mb_before": round(host_baseline), "host_mb_1_session": round(host_one),
+            "host_mb_8_sessions": round(host_eight), "host_mb_per_further_session": round((host_eight - host_one) / 7, 1)}
 
 
 def main() -> None:
@@ -117,7 +128,8 @@ def main() -> None:
         print(json.dumps(session_probe(model, sys.argv[3])))
         return
     if len(sys.argv) > 2 and sys.argv[2] == "--sessions":  # issue 25: the per-session variants, one process each
-        for name, (_, _, env) in SESSION_VARIANTS.items():
+        chosen = sys.argv[3:] or list(SESSION_VARIANTS)  # optional: only these variants
+        for name, (_, _, env) in ((name, SESSION_VARIANTS[name]) for name in chosen):
             out = subprocess.run([sys.executable, __file__, model, "--session", name], capture_output=True, text=True,
                                  check=False, env={**os.environ, **env})
             failed = {"error": out.stderr[-800:]}
