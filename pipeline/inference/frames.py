@@ -181,9 +181,11 @@ class HostFrameLane:
         if rows == 0:
             return no_face_rows()
         session = self._session("detector", fmt)
-        return stacked_rows([dict(zip(FACE_OUTPUTS, session.run(list(FACE_OUTPUTS), {FRAME_INPUT: self._frames[run],
-                                                                                   **thresholds})))
-                             for run in run_slices(rows, self._frame_cap)])
+        parts = []
+        for run in run_slices(rows, self._frame_cap):
+            outputs = session.run(list(FACE_OUTPUTS), {FRAME_INPUT: self._frames[run], **thresholds})
+            parts.append(dict(zip(FACE_OUTPUTS, outputs)))
+        return stacked_rows(parts)
 
     def classify(self, fmt: FrameFormat, matrices: np.ndarray, frame_index: np.ndarray) -> np.ndarray:
         if self._frames is None:
