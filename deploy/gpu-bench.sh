@@ -3,7 +3,7 @@
 # onnxruntime-gpu there). Usage there, from the project root, with the prepared models/ and a copy of the test
 # videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | session-probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
 #  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | groups |
-#  groups-sweep | nvdec-latency | ab | memory | interval-sweep | multi-gpu)
+#  groups-sweep | nvdec-latency | nvdec-memory | ab | memory | interval-sweep | multi-gpu)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
 set -uo pipefail
@@ -221,6 +221,11 @@ case "${1:-check}" in
     python3 deploy/nvdec_latency_probe.py .benchdata/video/group_1080p.mp4 .benchdata/video/group_1080p_ipp.mp4 \
       .benchdata/video/woman2.mp4 2> "$OUT/nvdec_latency.err" | tee "$OUT/nvdec_latency.jsonl"
     tail -3 "$OUT/nvdec_latency.err"
+    ;;
+  nvdec-memory)  # GPU memory per decoder by latency mode and output colour (RGB / NV12), and a decoded frame's members
+    python3 deploy/nvdec_latency_probe.py --memory .benchdata/video/group_1080p.mp4 .benchdata/video/group_1080p_ipp.mp4 \
+      2> "$OUT/nvdec_memory.err" | tee "$OUT/nvdec_memory${TAG:-}.jsonl"
+    tail -3 "$OUT/nvdec_memory.err"
     ;;
   ab)  # this tree against BASE=DIR (a copy of an older commit), 64 cameras of 1080p on the frame graphs path, run
     # alternately (new, base, new, base) in one session so drift shows

@@ -38,9 +38,9 @@ def modes() -> dict[str, Any]:
     return {name: getattr(kind, name) for name in ("NATIVE", "LOW", "ZERO") if hasattr(kind, name)}
 
 
-def decoder_for(demuxer: Any, latency: Any) -> Any:
+def decoder_for(demuxer: Any, latency: Any, colour: str = "RGB") -> Any:
     return nvc.CreateDecoder(gpuid=0, codec=demuxer.GetNvCodecId(), usedevicememory=True,
-                             outputColorType=nvc.OutputColorType.RGB, latency=latency)
+                             outputColorType=getattr(nvc.OutputColorType, colour), latency=latency)
 
 
 def frame_digest(frame: Any) -> str:
@@ -67,13 +67,13 @@ def delays(path: str, latency: Any) -> tuple[list[int], list[str]]:
     return lags, digests
 
 
-def memory_per_decoder(path: str, latency: Any) -> float:
+def memory_per_decoder(path: str, latency: Any, colour: str = "RGB") -> float:
     """MB of GPU memory taken per decoder, DECODERS of them alive, each past its first 60 frames."""
     free_before, _ = memory_info()
     alive = []
     for _ in range(DECODERS):
         demuxer = nvc.CreateDemuxer(filename=path)
-        decoder = decoder_for(demuxer, latency)
+        decoder = decoder_for(demuxer, latency, colour)
         count = 0
         for packet in demuxer:
             count += len(decoder.Decode(packet))
@@ -111,8 +111,33 @@ def source_delays(path: str) -> tuple[list[int], list[str], str]:
     return lags, digests, chose
 
 
+def memory_by_output(paths: list[str]) -> None:
+    """Issue 25: GPU memory per decoder by latency mode and output colour (RGB as the pipeline asks, or the
+    decoder's own NV12), and what a decoded frame object offers (a presentation time to check the order by?)."""
+    colours = [name for name in ("RGB", "NATIVE", "NV12") if hasattr(nvc.OutputColorType, name)]
+    for path in paths:
+        for name, latency in modes().items():
+            for colour in colours:
+                print(json.dumps({"clip": path, "latency": name, "output": colour,
+                                  "mb_per_decoder": memory_per_decoder(path, latency, colour)}), flush=True)
+    demuxer = nvc.CreateDemuxer(filename=paths[0])
+    decoder = decoder_for(demuxer, modes()["LOW"])
+    for packet in demuxer:
+        frames = decoder.Decode(packet)
+        if frames:
+            frame = frames[0]
+            members = [m for m in dir(frame) if not m.startswith("_")]
+            values = {m: repr(getattr(frame, m))[:80] for m in members if not callable(getattr(frame, m, None))}
+            print(json.dumps({"frame_members": members, "values": values,
+                              "colours": [m for m in dir(nvc.OutputColorType) if not m.startswith("_")]}), flush=True)
+            break
+
+
 def main(paths: list[str]) -> int:
     check(runtime.cudaFree(0), "cudaFree(0) (context)")
+    if paths and paths[0] == "--memory":
+        memory_by_output(paths[1:])
+        return 0
     available = modes()
     print(json.dumps({"modes": list(available), "members": [m for m in dir(nvc.DisplayDecodeLatencyType)
                                                             if not m.startswith("_")]}), flush=True)

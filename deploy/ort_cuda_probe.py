@@ -36,6 +36,10 @@ SESSION_VARIANTS: dict[str, tuple[dict[str, str], dict[str, str], dict[str, str]
     "shared+no_mem_pattern": (SHARED, {"no_mem_pattern": "1"}, {}),
     "shared+cudnn_small_ws": ({**SHARED, "cudnn_conv_use_max_workspace": "0"}, {}, {}),
     "shared+init_device_alloc": (SHARED, {"session.use_device_allocator_for_initializers": "1"}, {}),
+    # Issue 25, host memory (75 MB of RSS per further session): the sessions' CPU arenas, and CUDA's module loading.
+    "shared+cublas_ws_small+no_cpu_arena": (SHARED, {"no_cpu_arena": "1"}, {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}),
+    "shared+cublas_ws_small+lazy": (SHARED, {}, {"CUBLAS_WORKSPACE_CONFIG": ":16:8", "CUDA_MODULE_LOADING": "LAZY"}),
+    "shared+cublas_ws_small+eager": (SHARED, {}, {"CUBLAS_WORKSPACE_CONFIG": ":16:8", "CUDA_MODULE_LOADING": "EAGER"}),
     "shared+all": ({**SHARED, "cudnn_conv_use_max_workspace": "0"},
                    {"no_mem_pattern": "1", "session.use_device_allocator_for_initializers": "1"},
                    {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}),
@@ -78,13 +82,17 @@ def probe(model: str, options: dict[str, str], shared_arena: bool) -> dict[str, 
             "gpu_mb_1_session": mb_one, "gpu_mb_4_sessions": gpu_mb()}
 
 
-def rss_mb() -> float:
-    """This process's resident host memory (VmRSS), MB."""
+def rss_mb(field: str = "VmRSS") -> float:
+    """This process's resident host memory (VmRSS; RssAnon: its own, RssFile: mapped files), MB."""
     with open("/proc/self/status", encoding="ascii") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024.0
     return float("nan")
+
+
+def host_split() -> dict[str, int]:
+    return {field: round(rss_mb(field)) for field in ("RssAnon", "RssFile")}
 
 
 def session_probe(model: str, name: str) -> dict[str, object]:
@@ -101,6 +109,8 @@ def session_probe(model: str, name: str) -> dict[str, object]:
     for key, value in entries.items():
         if key == "no_mem_pattern":
             so.enable_mem_pattern = False
+        elif key == "no_cpu_arena":
+            so.enable_cpu_mem_arena = False
         else:
             so.add_session_config_entry(key, value)
     so.intra_op_num_threads = 1
@@ -111,15 +121,16 @@ def session_probe(model: str, name: str) -> dict[str, object]:
     for n in SIZES:
         timed(first, frames[n])
     steady = {n: round(float(np.median([timed(first, frames[n]) for _ in range(5)])), 2) for n in SIZES}
-    one, host_one = gpu_mb(), rss_mb()
+    one, host_one, split_one = gpu_mb(), rss_mb(), host_split()
     more = [ort.InferenceSession(model, so, providers=[("CUDAExecutionProvider", provider)]) for _ in range(7)]
     for session in more:
         timed(session, frames[1])
-    eight, host_eight = gpu_mb(), rss_mb()
+    eight, host_eight, split_eight = gpu_mb(), rss_mb(), host_split()
     return {"gpu_mb_before": baseline, "gpu_mb_1_session": one, "gpu_mb_8_sessions": eight,
             "mb_per_further_session": round((eight - one) / 7, 1), "steady_ms": steady,
             "host_mb_before": round(host_baseline), "host_mb_1_session": round(host_one),
-            "host_mb_8_sessions": round(host_eight), "host_mb_per_further_session": round((host_eight - host_one) / 7, 1)}
+            "host_mb_8_sessions": round(host_eight), "host_mb_per_further_session": round((host_eight - host_one) / 7, 1),
+            "host_split_1_session": split_one, "host_split_8_sessions": split_eight}
 
 
 def main() -> None:

@@ -97,7 +97,7 @@ class NvdecSource(VideoSource):
         self._pinned_bytes = 0
         self._pool: DevicePool | None = None
         self._keep_on_device = keep_on_device
-        self._low_latency = not self._has_b_frames()
+        self._end_of_picture = not self._has_b_frames()
         self._open_demuxer()
         codec = self._demuxer.GetNvCodecId()
         # The decoder's own non-blocking stream: its conversion kernels and our copies of its frames are ordered on
@@ -109,7 +109,7 @@ class NvdecSource(VideoSource):
             self._decoder = self._nvc.CreateDecoder(gpuid=gpu, codec=codec, usedevicememory=True,
                                                     cudastream=int(self._stream),
                                                     outputColorType=self._nvc.OutputColorType.RGB,
-                                                    latency=latency.LOW if self._low_latency else latency.NATIVE)
+                                                    latency=latency.LOW)
         except Exception as exc:  # noqa: BLE001 - PyNvVideoCodec raises its own types for unsupported codecs
             self._destroy_stream()
             raise SourceError(f"{label}: NVDEC cannot decode this stream ({type(exc).__name__}: {exc})") from exc
@@ -130,10 +130,13 @@ class NvdecSource(VideoSource):
     def _has_b_frames(self) -> bool:
         """Whether the stream reorders frames (B-frames): its first packets' presentation times do not rise.
 
-        Why: without B-frames (most IP cameras) the decoder may hand each frame out as soon as it is decoded (LOW
-        latency); PyNvVideoCodec's default (NATIVE) holds frames back first, and each held frame is 40 ms of a 25 fps
-        camera's delay that no later clock sees. With B-frames LOW would break the display order, so they keep
-        NATIVE. Missing or repeated timestamps, or packets that cannot be read, count as reordering (the safe side).
+        Why: every stream is decoded in PyNvVideoCodec's LOW latency mode (no display delay beyond what the stream's
+        own reordering needs; its default, NATIVE, holds up to 4 frames back, each 40 ms of a 25 fps camera's delay
+        that no later clock sees, and takes 17 MB more GPU memory per 1080p decoder: BENCHMARKS.md). Without
+        B-frames (most IP cameras) each packet is also marked end-of-picture, so its frame comes out at once; a
+        stream with B-frames must not be marked (a frame's successors in display order arrive after it), and keeps
+        the display order either way (measured on two B-frame clips; tests/test_nvdec.py compares with FFmpeg's
+        frames). Missing or repeated timestamps, or packets that cannot be read, count as reordering (the safe side).
         The peek has a demuxer of its own, dropped before the stream is opened for decoding (a camera may allow one
         session at a time): a demuxer hands out the same packet object each time, so kept packets decode to nothing
         (measured). A stream that cannot be opened fails here, once, as it would at the real open."""
@@ -164,7 +167,7 @@ class NvdecSource(VideoSource):
         except StopIteration:
             self._end_of_stream()
             return
-        if self._low_latency:  # decode this picture now rather than on the next packet's arrival
+        if self._end_of_picture:  # decode this picture now rather than on the next packet's arrival
             packet.decode_flag = self._nvc.VideoPacketFlag.ENDOFPICTURE
         try:
             self._pending.extend(self._decoder.Decode(packet))
@@ -233,7 +236,7 @@ class NvdecSource(VideoSource):
 
     def describe(self) -> str:
         width, height = self._size
-        order = "no B-frames: low latency" if self._low_latency else "B-frames: display order"
+        order = "no B-frames: no frame held" if self._end_of_picture else "B-frames: held for display order"
         return f"{self._label} {width}x{height} (NVDEC on GPU {self._gpu}, {order})"
 
     def close(self) -> None:
