@@ -137,8 +137,8 @@ case "${1:-check}" in
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" && nvidia-cuda-mps-control -d && echo "MPS daemon up"
     trap 'echo quit | nvidia-cuda-mps-control' EXIT
     clip=${CLIP:-group_1080p.mp4}
-    for procs in ${PROCS:-4 2 1}; do
-      python3 run_pipeline.py bench pipeline --video "$PWD/.benchdata/video/$clip" --cameras "${CAMS:-64}" \
+    for procs in ${PROCS:-4 2 1}; do  # PROFILER: a command prefix, e.g. "py-spy record --subprocesses ... --"
+      ${PROFILER:-} python3 run_pipeline.py bench pipeline --video "$PWD/.benchdata/video/$clip" --cameras "${CAMS:-64}" \
         --fps "${FPS:-25}" --device cuda --precision fp16 --detector-input 640x352 --max-batch 64 --lanes 1 \
         --batch-step 2 --mode batched --decode gpu --frame-path graph --duration "${DURATION:-20}" --processes "$procs" \
         --interval "${INTERVAL:-1}" --log-level warning ${EXTRA:-} \

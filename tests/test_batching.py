@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 import pytest
 
-from pipeline.inference.backend import Backend, BackendError, ModelRuntime, create_backend
+from pipeline.inference.backend import Backend, ModelRuntime, create_backend
 from pipeline.inference.batching import BatchedModel, ModelClosedError, QueueFullError
 from tests.conftest import data_path
 
@@ -427,61 +427,6 @@ def test_cublas_workspace_is_set_for_cuda_sessions_unless_the_operator_set_it(
     monkeypatch.setattr(ort_backend, "_CUBLAS_FROM_OPERATOR", True)
     ort_backend.limit_cublas_workspace(":16:8")
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:2"
-
-
-class _FlagsRuntime:
-    """cuda-python's runtime as far as set_wait_mode uses it: the device flags of one GPU (no GPU here)."""
-
-    cudaDeviceScheduleAuto, cudaDeviceScheduleSpin, cudaDeviceScheduleBlockingSync = 0, 1, 4
-
-    def __init__(self, flags: int) -> None:
-        self.flags, self.sets = flags, 0
-
-    def cudaSetDevice(self, ordinal: int) -> tuple[int]:  # noqa: N802 - CUDA's name
-        return (0,)
-
-    def cudaGetDeviceFlags(self) -> tuple[int, int]:  # noqa: N802
-        return 0, self.flags
-
-    def cudaSetDeviceFlags(self, flags: int) -> tuple[int]:  # noqa: N802
-        self.flags, self.sets = flags, self.sets + 1
-        return (0,)
-
-
-def test_cuda_wait_sets_only_the_scheduling_bits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """inference.cuda_wait becomes the GPU's scheduling flags (sleep: blocking sync); other flag bits (0x08: map
-    host memory, which CUDA sets itself) are kept, an unchanged mode is not set again, an unknown one is refused."""
-    from pydantic import ValidationError
-
-    import pipeline.inference.gpu.cuda as cuda
-    from pipeline.inference.settings import InferenceConfig
-
-    runtime = _FlagsRuntime(0x08 | 0x01)  # spinning, as CUDA's auto picks on a GPU host
-    monkeypatch.setattr(cuda, "_runtime", runtime)
-    cuda.set_wait_mode("sleep")
-    assert runtime.flags == 0x08 | 0x04
-    cuda.set_wait_mode("sleep")
-    assert runtime.sets == 1
-    cuda.set_wait_mode("auto")
-    assert runtime.flags == 0x08
-    with pytest.raises(BackendError, match="cuda_wait"):
-        cuda.set_wait_mode("busy")
-    assert InferenceConfig().cuda_wait == "sleep"
-    with pytest.raises(ValidationError, match="cuda_wait"):
-        InferenceConfig(cuda_wait="busy")
-
-
-@pytest.mark.gpu
-def test_cuda_wait_reaches_the_gpu() -> None:
-    """On a GPU: the flags CUDA reports back after set_wait_mode."""
-    cuda_runtime = pytest.importorskip("cuda.bindings.runtime", reason="cuda-python is not installed")
-    from pipeline.inference.gpu.cuda import check, set_wait_mode
-
-    for mode, flag in (("spin", cuda_runtime.cudaDeviceScheduleSpin),
-                       ("sleep", cuda_runtime.cudaDeviceScheduleBlockingSync)):
-        set_wait_mode(mode)
-        flags = int(check(cuda_runtime.cudaGetDeviceFlags(), "cudaGetDeviceFlags"))
-        assert flags & 0x07 == int(flag), (mode, flags)
 
 
 def test_cublas_workspace_and_memory_pattern_are_checked_and_reach_the_session(prepared_models: None) -> None:

@@ -67,7 +67,8 @@ def test_interval_is_validated(tmp_path: Path) -> None:
 def test_daemon_detects_every_third_frame_and_keeps_the_face_s_id(prepared_models: None, tmp_path: Path,
                                                                    frame_path: str) -> None:
     """A camera at interval 3, on both frame paths: two of every three observations ran no detector (detect 0 ms),
-    the face keeps one track id throughout, and every observation has its emotion."""
+    the face keeps one track id throughout, every observation has its emotion, and a frame without detection keeps
+    the head pose of the detection before it (not fitted again on moved landmarks)."""
     video = data_path("video", "woman_short.mp4")
     config = write_config(tmp_path / "interval.yaml", [f"{{name: lobby, source: '{video}', fps: 10}}"],
                           f"emotion: {{model: mini_xception_fer2013}}\ninference: {{frame_path: {frame_path}}}\n")
@@ -82,3 +83,9 @@ def test_daemon_detects_every_third_frame_and_keeps_the_face_s_id(prepared_model
     assert 0.2 <= len(detected) / len(with_face) <= 0.5, (len(detected), len(with_face))
     assert len({f["track_id"] for o in with_face for f in o["faces"]}) == 1
     assert all(f["emotion"] and abs(sum(f["probs"].values()) - 1) < 1e-3 for o in with_face for f in o["faces"])
+    heads = [(o["latency_ms"]["detect"] > 0, o["faces"][0].get("head")) for o in with_face]
+    assert sum(head is not None for _, head in heads) >= 0.8 * len(heads)
+    kept = [(head, heads[index - 1][1]) for index, (detected_here, head) in enumerate(heads)
+            if index and not detected_here and heads[index - 1][0]]
+    assert len(kept) >= 5 and all(head == before for head, before in kept), kept
+    assert len({json.dumps(head) for detected_here, head in heads if detected_here}) > 1  # detections do fit anew

@@ -86,9 +86,6 @@ class InferenceSettings(Protocol):
     @property
     def memory_pattern(self) -> bool: ...
 
-    @property
-    def cuda_wait(self) -> str: ...
-
 
 @dataclass(frozen=True)
 class ModelRuntime:
@@ -112,7 +109,6 @@ class ModelRuntime:
     gpu_memory_limit_mb: int = 0
     cublas_workspace: str = ":16:8"
     memory_pattern: bool = True
-    cuda_wait: str = "sleep"
 
     @classmethod
     def from_config(cls, cfg: InferenceSettings, *, precision: str | None = None,
@@ -129,8 +125,7 @@ class ModelRuntime:
                    max_batch=cfg.max_batch, lanes=cfg.lanes, threads=cfg.threads, batch_step=cfg.batch_step,
                    input_size=size, options=options if isinstance(options, BaseModel) else None,
                    cudnn_max_workspace=cfg.cudnn_max_workspace, gpu_memory_limit_mb=cfg.gpu_memory_limit_mb,
-                   cublas_workspace=cfg.cublas_workspace, memory_pattern=cfg.memory_pattern,
-                   cuda_wait=cfg.cuda_wait)
+                   cublas_workspace=cfg.cublas_workspace, memory_pattern=cfg.memory_pattern)
 
 
 class Backend(ABC):

@@ -398,9 +398,6 @@ def load_frame_perception(detector_path: Path, classifier_path: Path, detector: 
     threads = inference.threads
     lanes: list[FrameLane] = []
     if inference.device == "cuda":
-        from pipeline.inference.gpu.cuda import set_wait_mode
-
-        set_wait_mode(inference.cuda_wait)
         limit_cublas_workspace(inference.cublas_workspace)
         shared = share_cuda_arena(ort, limit_mb=inference.gpu_memory_limit_mb)
         lanes = _cuda_lanes(ort, graphs, inference, detector, threads or 1, shared, emotion.flip)

@@ -91,10 +91,10 @@ class OnnxRuntimeBackend(Backend):
     @classmethod
     def _create_cuda(cls, ort: Any, spec: ModelRuntime, model: ModelManifest, model_path: Path) -> OnnxRuntimeBackend:
         """`spec.lanes` CUDA lanes, each with its stream and a session per padded batch size (see cuda_lane)."""
-        from pipeline.inference.gpu.cuda import set_wait_mode
+        from pipeline.inference.gpu.cuda import load_runtime
         from pipeline.inference.gpu.cuda_lane import CudaLane
 
-        set_wait_mode(spec.cuda_wait)  # also: a missing cuda-python is a BackendError naming it, before any session
+        load_runtime()  # a missing cuda-python is a BackendError naming it, before any session is made
         # Names come from a CPU session: the CUDA sessions are made per lane and batch size (see cuda_lane).
         probe = _session(ort, spec.threads, model, model_path, ["CPUExecutionProvider"])
         input_name, outputs = probe.get_inputs()[0].name, [o.name for o in probe.get_outputs()]

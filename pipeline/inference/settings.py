@@ -262,15 +262,6 @@ class InferenceConfig(StrictModel):
                                   "took ~128 MB each: 147 MB per further session against 19 MB with :16:8, at the "
                                   "same speed (BENCHMARKS.md). The variable, when set in the daemon's environment, "
                                   "wins.")
-    cuda_wait: Literal["sleep", "spin", "auto"] = Field("sleep", description="device cuda: how a thread that "
-                                                         "waits for the GPU (a batch's results, a decoded frame) "
-                                                         "waits. sleep: in the driver, without CPU "
-                                                         "(cudaDeviceScheduleBlockingSync); spin: polls a CPU core "
-                                                         "for the lowest wake-up latency; auto: CUDA's choice "
-                                                         "(spins while the process has fewer CUDA contexts than "
-                                                         "cores, i.e. here always). Set for the process's GPU "
-                                                         "before its first CUDA work (BENCHMARKS.md measures "
-                                                         "both).")
     memory_pattern: bool = Field(True, description="device cuda: ONNX Runtime's memory pattern (plans a run's "
                                  "activations and reserves them in one block). false: less GPU memory, somewhat "
                                  "slower runs (measure with bench memory).")

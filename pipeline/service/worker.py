@@ -6,7 +6,10 @@ path; two by default on the GPU frame graphs path, see inference.pending).
 
 With `detector.interval` N > 1 only every Nth frame goes through the detector (the camera's phase within N comes from
 its name, so cameras sharing the engine detect on different frames); the others classify the faces the tracker
-expects there (`IouTracker.predict`) and leave the tracks as they are: only detections keep a track alive.
+expects there (`IouTracker.predict`) and leave the tracks as they are: only detections keep a track alive. Such a
+face keeps the head pose its track had at the last detection: its landmarks there are the detection's, moved, so a fit
+on them would say the same, and the fit (OpenCV's SQPnP, ~0.1 ms a face) was the largest share of a camera group's
+CPU at 160 cameras on the H200 after decoding (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import numpy as np
 from pipeline.capture.stats import RateMeter
 from pipeline.capture.thread import CaptureThread
 from pipeline.core.logrepeat import RepeatLimiter
-from pipeline.core.types import Detection, EmotionScores, FaceResult, Frame, Observation
+from pipeline.core.types import Detection, EmotionScores, FaceResult, Frame, HeadPose, Observation
 from pipeline.inference.batching import ModelClosedError, QueueFullError
 from pipeline.inference.pending import PendingAnalysis
 from pipeline.inference.perception import Analyzer
@@ -59,6 +62,7 @@ class CameraWorker(threading.Thread):
         self._failures = RepeatLimiter(log)  # every frame fails alike while a backend is down
         self._stop_event = stop
         self._frames_begun = zlib.crc32(capture.cfg.name.encode())  # the detection phase: staggered by name
+        self._poses: dict[int, HeadPose | None] = {}  # each track's head pose at the last detection frame
 
     def run(self) -> None:
         last_index = 0
@@ -129,14 +133,25 @@ class CameraWorker(threading.Thread):
         """Attach track ids (a detection frame's from the tracker's matching; a frame without detection's are the
         ones its faces were predicted for, `tracked`) and smoothed scores; build the Observation."""
         ids = self.tracker.update(faces, frame.t_mono, self._pixels(frame)) if tracked is None else tracked
-        hfov = self.capture.cfg.placement.hfov_deg
+        poses = self._head_poses(frame, faces, ids, followed=tracked is not None)
         results = tuple(
-            FaceResult(face, score, track_id, self.tracker.smooth(track_id, score, frame.t_mono),
-                       head_pose(face.landmarks, frame.size, hfov))
-            for face, score, track_id in zip(faces, scores, ids)
+            FaceResult(face, score, track_id, self.tracker.smooth(track_id, score, frame.t_mono), pose)
+            for face, score, track_id, pose in zip(faces, scores, ids, poses)
         )
         width, height = frame.size
         self.stats.analysed.mark()
         self.stats.faces = len(results)
         self.stats.last_latency_ms = (time.monotonic() - frame.t_mono) * 1e3
         return Observation(frame.camera, frame.index, frame.t_mono, frame.t_wall, (width, height), results, timings)
+
+    def _head_poses(self, frame: Frame, faces: list[Detection], ids: list[int],
+                    followed: bool) -> list[HeadPose | None]:
+        """Each face's head pose: fitted on a detection frame (and remembered per track), the track's last one on a
+        frame without detection (fitted only for a track that has none yet)."""
+        hfov = self.capture.cfg.placement.hfov_deg
+        if not followed:
+            poses = [head_pose(face.landmarks, frame.size, hfov) for face in faces]
+            self._poses = dict(zip(ids, poses))  # only the tracks seen now: ended ones are dropped
+            return poses
+        return [self._poses[track_id] if track_id in self._poses else head_pose(face.landmarks, frame.size, hfov)
+                for face, track_id in zip(faces, ids)]

@@ -151,29 +151,6 @@ def memory_info() -> tuple[int, int]:
     return int(free), int(total)
 
 
-_SCHEDULE_MASK = 0x07  # cudaDeviceScheduleMask: the bits of a device's flags that say how a waiting thread waits
-_WAIT_FLAGS = {"auto": "cudaDeviceScheduleAuto", "spin": "cudaDeviceScheduleSpin",
-               "sleep": "cudaDeviceScheduleBlockingSync"}
-
-
-def set_wait_mode(mode: str, ordinal: int = 0) -> None:
-    """How threads of this process wait for GPU `ordinal` (inference.cuda_wait), set on its primary context.
-
-    Why: under CUDA's default (auto) a thread that synchronises with a stream spins a CPU core until the GPU is done
-    whenever the process has fewer contexts than cores, which on a GPU host is always: each lane that waits for its
-    batch (ONNX Runtime synchronises at the end of every run) and each decoder that waits for NVDEC burns a core for
-    the whole GPU time. Set before the process's first CUDA work where possible; CUDA also accepts it later (the
-    flags of an active primary context are overwritten). Other flag bits are kept."""
-    if mode not in _WAIT_FLAGS:
-        raise BackendError(f"inference.cuda_wait: unknown mode {mode!r} (one of {', '.join(_WAIT_FLAGS)})")
-    runtime = load_runtime()
-    check(runtime.cudaSetDevice(ordinal), f"cudaSetDevice({ordinal})")
-    current = int(check(runtime.cudaGetDeviceFlags(), "cudaGetDeviceFlags (read how threads wait for the GPU)"))
-    wanted = (current & ~_SCHEDULE_MASK) | int(getattr(runtime, _WAIT_FLAGS[mode]))
-    if wanted != current:
-        check(runtime.cudaSetDeviceFlags(wanted), f"cudaSetDeviceFlags ({mode}: how threads wait for the GPU)")
-
-
 @dataclass(frozen=True)
 class CudaDevice:
     """One GPU: its ordinal, name and compute capability ("9.0"), read once at open."""

@@ -48,7 +48,6 @@ from pipeline.inference.gpu.cuda import (
     Event,
     PinnedBuffer,
     Stream,
-    set_wait_mode,
 )
 from pipeline.inference.gpu.engine_build import (
     BuildResult,
@@ -280,7 +279,6 @@ class TensorRTBackend(Backend):
         settings = _settings(spec)
         version = require_gpu_packages()
         device = CudaDevice.open(0)
-        set_wait_mode(spec.cuda_wait)
         key = engine_key(model, model_path, spec.precision, spec.max_batch, spec.input_size, device, version)
         result = ensure_engine(key, model_path, input_channels(model), fixed_size=model.input.size is not None,
                                no_build=not settings.build_missing,
