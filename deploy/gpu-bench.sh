@@ -184,6 +184,9 @@ case "${1:-check}" in
         frames16nomp) opts="--cameras 32 --max-batch 64 --batch-step 2 --set inference.memory_pattern=false" ;;
         cams8f4) opts="--cameras 8 --max-batch 16 --batch-step 2 --set inference.max_frames_per_run=4" ;;
         cams8mb8) opts="--cameras 8 --max-batch 8 --batch-step 2" ;;
+        cams8faces128) opts="--cameras 8 --max-batch 16 --batch-step 2 --set inference.max_faces_per_run=128" ;;
+        cams8faces64) opts="--cameras 8 --max-batch 16 --batch-step 2 --set inference.max_faces_per_run=64" ;;
+        cams8faces64nomp) opts="--cameras 8 --max-batch 16 --batch-step 2 --set inference.max_faces_per_run=64 --set inference.memory_pattern=false" ;;
         cams8leanf4) opts="--cameras 8 --max-batch 8 --batch-step 4 --set emotion.model=dlibface_student64 --set inference.max_faces_per_run=64 --set inference.memory_pattern=false --set inference.max_frames_per_run=4" ;;
         *) echo "unknown variant $variant"; continue ;;
       esac
