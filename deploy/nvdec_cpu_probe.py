@@ -1,0 +1,99 @@
+"""CPU per decoded frame on NVDEC under each of CUDA's wait modes (issue 25: at 160 cameras on the H200, PyNvVideoCodec's
+`Decode` was half of the camera groups' samples in py-spy, BENCHMARKS.md).
+
+Why: under CUDA's default scheduling (auto) a thread that waits for the GPU spins a core whenever the process has
+fewer CUDA contexts than cores. A decoder waits for NVDEC (mapping a decoded picture) and for its colour conversion
+on every frame, and with the GPU busy with the models that wait is long. Each mode runs in a process of its own (the
+flags must be set before the context exists): DECODERS threads, each decoding CLIP at 25 frames/s as a camera would,
+for SECONDS; the process's CPU time (user + system) per decoded frame is printed as one JSON line per mode.
+Modes: auto (CUDA's default), spin, sleep (cudaDeviceScheduleBlockingSync), and sleep+primary (the same, with the
+primary context handed to PyNvVideoCodec explicitly, in case it would otherwise make a context of its own).
+
+Run from the project root on a GPU machine with PyNvVideoCodec and cuda-python:
+    python3 deploy/nvdec_cpu_probe.py .benchdata/video/group_1080p.mp4 [DECODERS] [SECONDS]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+FPS = 25.0
+MODES = ("auto", "spin", "sleep", "sleep+primary")
+
+
+def decode_paced(path: str, seconds: float, context: int, counts: list[int], index: int) -> None:
+    import PyNvVideoCodec as nvc
+    from cuda.bindings import runtime
+
+    runtime.cudaSetDevice(0)
+    stream = runtime.cudaStreamCreateWithFlags(runtime.cudaStreamNonBlocking)[1]
+    extra = {"cudacontext": context} if context else {}
+    demuxer = nvc.CreateDemuxer(filename=path)
+    decoder = nvc.CreateDecoder(gpuid=0, codec=demuxer.GetNvCodecId(), usedevicememory=True,
+                                cudastream=int(stream), outputColorType=nvc.OutputColorType.RGB,
+                                latency=nvc.DisplayDecodeLatencyType.LOW, **extra)
+    packets = iter(demuxer)
+    due = time.monotonic()
+    end = due + seconds
+    while time.monotonic() < end:
+        try:
+            packet = next(packets)
+        except StopIteration:
+            demuxer = nvc.CreateDemuxer(filename=path)
+            packets = iter(demuxer)
+            continue
+        counts[index] += len(decoder.Decode(packet))
+        due += 1.0 / FPS
+        time.sleep(max(0.0, due - time.monotonic()))
+
+
+def one_mode(mode: str, path: str, decoders: int, seconds: float) -> dict[str, object]:
+    from cuda.bindings import driver, runtime
+
+    runtime.cudaSetDevice(0)
+    flags = {"auto": runtime.cudaDeviceScheduleAuto, "spin": runtime.cudaDeviceScheduleSpin,
+             "sleep": runtime.cudaDeviceScheduleBlockingSync}[mode.split("+")[0]]
+    runtime.cudaSetDeviceFlags(int(flags))
+    runtime.cudaFree(0)  # the primary context now exists, with these flags
+    context = 0
+    if mode.endswith("+primary"):
+        driver.cuInit(0)
+        context = int(driver.cuDevicePrimaryCtxRetain(driver.CUdevice(0))[1])
+    counts = [0] * decoders
+    threads = [threading.Thread(target=decode_paced, args=(path, seconds, context, counts, i)) for i in range(decoders)]
+    start_cpu, start = os.times(), time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    end_cpu, wall = os.times(), time.monotonic() - start
+    cpu = (end_cpu.user - start_cpu.user) + (end_cpu.system - start_cpu.system)
+    frames = sum(counts)
+    return {"mode": mode, "decoders": decoders, "frames": frames, "frames_per_s": round(frames / wall, 1),
+            "cpu_cores": round(cpu / wall, 2), "cpu_ms_per_frame": round(cpu * 1e3 / max(frames, 1), 3),
+            "flags_after": int(runtime.cudaGetDeviceFlags()[1])}
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--mode":
+        print(json.dumps(one_mode(argv[1], argv[2], int(argv[3]), float(argv[4]))), flush=True)
+        return 0
+    path = argv[0]
+    decoders = int(argv[1]) if len(argv) > 1 else 64
+    seconds = float(argv[2]) if len(argv) > 2 else 10.0
+    for mode in (*MODES, *MODES[::-1]):  # each mode twice, the second round reversed, so drift shows
+        out = subprocess.run([sys.executable, __file__, "--mode", mode, path, str(decoders), str(seconds)],
+                             capture_output=True, text=True, check=False)
+        lines = out.stdout.strip().splitlines()
+        print(lines[-1] if out.returncode == 0 and lines else json.dumps({"mode": mode, "error": out.stderr[-600:]}),
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
