@@ -197,6 +197,28 @@ def test_a_group_on_the_frame_graphs_path_prepares_no_batch_larger_than_its_came
     assert group_config(opencv, 2).inference.max_batch == 64  # faces are batched there too: left alone
 
 
+def test_the_daemon_sizes_its_one_process_for_its_enabled_cameras_and_reloads_models_when_that_changes() -> None:
+    """The daemon's own process (processes: 1) is capped like a group: 8 cameras with 2 frames in flight prepare
+    batches of at most 16 frames, and the emotion runs then hold at most 128 crops (auto: 8 a frame); a reload that
+    adds a camera changes that size, so it reloads the models; one past the configured max_batch does not."""
+    from pipeline.service.parts import sized_for_cameras
+    from pipeline.service.reload import plan_reload
+
+    def config(count: int, disabled: int = 0, **inference: Any) -> AppConfig:
+        cams = [{"name": f"c{i}", "source": "demo", "enabled": i >= disabled} for i in range(count)]
+        return AppConfig.model_validate({"cameras": cams, "inference": {"frame_path": "graph", "frames_in_flight": 2,
+                                                                           **inference}})
+
+    eight = sized_for_cameras(config(8), 8, "daemon").inference
+    assert (eight.max_batch, eight.faces_per_run) == (16, 128)
+    assert config(8).inference.faces_per_run == 256 and config(8, max_faces_per_run=40).inference.faces_per_run == 40
+    assert sized_for_cameras(config(8, max_batch=8), 8, "daemon").inference.max_batch == 8
+    assert plan_reload(config(8), config(9)).models
+    assert not plan_reload(config(20), config(21)).models  # 40 and 42 frames: both past max_batch 32
+    assert plan_reload(config(9, disabled=1), config(9)).models  # a disabled camera does not count
+    assert not plan_reload(config(8), config(8)).models
+
+
 def _inference(**values: Any) -> Any:
     return AppConfig.model_validate({"cameras": [{"name": "a", "source": "demo"}], "inference": values}).inference
 

@@ -409,7 +409,7 @@ def load_frame_perception(detector_path: Path, classifier_path: Path, detector: 
                 "frame_path": "graph", "lanes": str(len(lanes)),
                 "files": f"{detector_path.name}, {classifier_path.name}"}
     engine = FrameEngine(lanes, detector, emotion, classifier, inference.max_batch, describe,
-                         inference.max_faces_per_run)
+                         inference.faces_per_run)
     model = BatchedModel(engine, "frames", inference.max_batch, inference.max_delay_ms, inference.queue_size)
     return FramePerception(model, engine, frames_in_flight=inference.frames_in_flight_for(graph=True),
                            interval=detector.interval)
@@ -435,7 +435,7 @@ def _cuda_lanes(ort: Any, graphs: FrameGraphs, inference: InferenceConfig, detec
     try:
         for index in range(inference.lanes):
             lanes.append(CudaFrameLane(graphs, cuda_session, inference.max_batch, inference.batch_step,
-                                       face_cap=inference.max_faces_per_run,
+                                       face_cap=inference.faces_per_run,
                                        what=f"frame graphs lane {index}",
                                        frame_cap=inference.max_frames_per_run))
     except BaseException:

@@ -21,6 +21,10 @@ from pipeline.inference.gpu.tensorrt import TensorRTSettings
 from pipeline.vision.retinaface import auto_input_size
 
 AUTO = "auto"
+# inference.max_faces_per_run: auto gives each frame of a full batch room for this many crops (4 faces, mirrored), up
+# to this many crops a run.
+AUTO_FACES_PER_FRAME = 8
+AUTO_FACES_MOST = 256
 
 
 def _input_kind(value: object) -> str:
@@ -239,12 +243,13 @@ class InferenceConfig(StrictModel):
                                       "set). Default: every GPU nvidia-smi lists. Run NVIDIA MPS for every GPU "
                                       "used (README, \"Many cameras: what to tune\").")
     threads: int = Field(0, ge=0, le=256, description="CPU threads per session; 0 = the library default.")
-    max_faces_per_run: int = Field(256, ge=1, le=65_536, description="Frame graphs path: the most face crops "
+    max_faces_per_run: int = Field(0, ge=0, le=65_536, description="Frame graphs path: the most face crops "
                                    "(mirror images included, emotion.flip) the emotion model reads in one run; a "
                                    "batch with more runs in parts. On cuda each padded count up to this has its "
-                                   "own session, and the largest sets the memory arena's size: 256 took GB less "
-                                   "than a batch's worst case (max_batch x detector.max_faces x 2) on an H200 "
-                                   "(BENCHMARKS.md, bench memory).")
+                                   "own session, and the largest sets the memory arena's size. 0 = auto: 8 a frame "
+                                   "of a full batch (4 faces, each with its mirror image), at most 256: 256 at "
+                                   "max_batch 32 or more, 128 at 16, where 8 cameras took 1,517 MB of an H200 "
+                                   "against 2,063 with 256 (BENCHMARKS.md, bench memory).")
     max_frames_per_run: int = Field(16, ge=1, le=1024, description="Frame graphs path: the most frames the "
                                     "detector reads in one run; a batch with more frames to detect on runs in "
                                     "parts over the same frame buffer. On cuda each padded count up to this has its "
@@ -286,6 +291,21 @@ class InferenceConfig(StrictModel):
         if self.frame_path == "auto":
             return self.backend == "onnxruntime" and self.device == "cuda"
         return self.frame_path == "graph"
+
+    @property
+    def faces_per_run(self) -> int:
+        """max_faces_per_run with auto (0) resolved for this max_batch."""
+        return self.max_faces_per_run or min(AUTO_FACES_MOST, AUTO_FACES_PER_FRAME * self.max_batch)
+
+    def for_cameras(self, cameras: int) -> InferenceConfig:
+        """These settings for a process that analyses `cameras` cameras. On the frame graphs path a batch holds at
+        most one frame per camera per frame in flight, so 8 cameras with 2 in flight never run more than 16:
+        max_batch is capped there (never raised), and no larger padded size (on a GPU a session of its own, with
+        its memory and start-up time) is prepared. The OpenCV path batches faces too, and is left alone."""
+        if not self.graph_frames:
+            return self
+        most = max(1, cameras) * self.frames_in_flight_for(True)
+        return self if most >= self.max_batch else self.model_copy(update={"max_batch": most})
 
     def frames_in_flight_for(self, graph: bool) -> int:
         """frames_in_flight with auto resolved, for the frame graphs path (`graph`) or the OpenCV path (always 1:

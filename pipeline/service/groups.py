@@ -56,6 +56,7 @@ from pipeline.service.parts import (
     new_tracker,
     open_camera_source,
     set_rtsp_transport,
+    sized_for_cameras,
 )
 from pipeline.service.preview import PreviewStore, RenderedPreview
 from pipeline.service.snapshot import CameraView, ModelView, model_view
@@ -147,18 +148,8 @@ def camera_groups(cameras: Sequence[CameraConfig], processes: int) -> list[list[
 
 
 def group_config(cfg: AppConfig, cameras: int) -> AppConfig:
-    """A group's settings. On the frame graphs path a batch holds at most one frame per camera per frame in flight,
-    so a group of 16 cameras with 2 in flight never runs more than 32: `max_batch` is capped there, and no larger
-    padded size (on a GPU a session of its own per size, with its memory and start-up time) is prepared."""
-    inference = cfg.inference
-    if not inference.graph_frames:
-        return cfg  # the OpenCV path batches faces too: a frame may bring many
-    most = cameras * inference.frames_in_flight_for(True)
-    if most >= inference.max_batch:
-        return cfg
-    log.info("camera group of %d camera(s): max_batch %d (of %d): no batch can hold more frames", cameras, most,
-             inference.max_batch)
-    return cfg.model_copy(update={"inference": inference.model_copy(update={"max_batch": most})})
+    """A group's settings: max_batch capped at what its `cameras` can fill (InferenceConfig.for_cameras)."""
+    return sized_for_cameras(cfg, cameras, "camera group")
 
 
 class _GroupCameras:

@@ -42,15 +42,27 @@ SYSTEMD_VARIABLES = ("INVOCATION_ID", "NOTIFY_SOCKET", "JOURNAL_STREAM")
 
 
 def load_perception(cfg: AppConfig) -> Analyzer:
-    """The shared models for the configured frame path, loaded and warmed (a first frame then costs no lazy
-    initialisation; the frame graphs path prepares each camera size when first met); closed on failure."""
-    perception = build_perception(cfg)
+    """The shared models for the configured frame path, sized for the enabled cameras (`sized_for_cameras`), loaded
+    and warmed (a first frame then costs no lazy initialisation; the frame graphs path prepares each camera size when
+    first met); closed on failure."""
+    perception = build_perception(sized_for_cameras(cfg, len([c for c in cfg.cameras if c.enabled]), "daemon"))
     try:
         perception.warm_up()
     except BaseException:
         perception.close()
         raise
     return perception
+
+
+def sized_for_cameras(cfg: AppConfig, cameras: int, what: str) -> AppConfig:
+    """`cfg` with its inference settings for a process of `cameras` cameras (InferenceConfig.for_cameras: max_batch
+    capped at what they can fill on the frame graphs path); logged when that changes anything."""
+    inference = cfg.inference.for_cameras(cameras)
+    if inference is cfg.inference:
+        return cfg
+    log.info("%s of %d camera(s): max_batch %d (of %d): no batch can hold more frames", what, cameras,
+             inference.max_batch, cfg.inference.max_batch)
+    return cfg.model_copy(update={"inference": inference})
 
 
 def open_camera_source(inference: InferenceConfig, cam_cfg: CameraConfig) -> VideoSource:

@@ -77,7 +77,9 @@ def plan_reload(old: AppConfig, new: AppConfig) -> ReloadPlan:
         removed=tuple(n for n in before if n not in after),
         changed=tuple(n for n in common if before[n] != after[n]),
         unchanged=tuple(n for n in common if before[n] == after[n]),
-        models=(old.detector, old.emotion, old.inference) != (new.detector, new.emotion, new.inference),
+        # the models are sized for the cameras (InferenceConfig.for_cameras): a count that changes the size reloads
+        models=(old.detector, old.emotion, old.inference.for_cameras(len(before)))
+        != (new.detector, new.emotion, new.inference.for_cameras(len(after))),
         tracking=old.tracking != new.tracking,
         behavior=old.behavior != new.behavior or avatars,
         # the VMC output resets every preset the rules use: new rule presets reopen the outputs
