@@ -20,12 +20,12 @@ import onnxruntime
 import pytest
 
 from pipeline.config.app import AppConfig, CameraConfig
+from pipeline.service.parts import sized_for_cameras
 from pipeline.service.groups import (
     CameraGroup,
     GroupHandlers,
     GroupStartError,
     camera_groups,
-    group_config,
     group_gpus,
     stop_groups,
     visible_gpus,
@@ -190,18 +190,18 @@ def test_a_group_on_the_frame_graphs_path_prepares_no_batch_larger_than_its_came
     cams = [{"name": f"c{i}", "source": "demo"} for i in range(3)]
     graphs = AppConfig.model_validate({"cameras": cams, "inference": {"frame_path": "graph", "max_batch": 64,
                                                                        "frames_in_flight": 2}})
-    assert group_config(graphs, 16).inference.max_batch == 32  # 16 cameras x 2 frames in flight
-    assert group_config(graphs, 40).inference.max_batch == 64  # never raised
-    assert group_config(graphs, 16).cameras == graphs.cameras and graphs.inference.max_batch == 64
+    assert sized_for_cameras(graphs, 16, "camera group").inference.max_batch == 32  # 16 cameras x 2 frames in flight
+    assert sized_for_cameras(graphs, 40, "camera group").inference.max_batch == 64  # never raised
+    assert sized_for_cameras(graphs, 16, "camera group").cameras == graphs.cameras and graphs.inference.max_batch == 64
     opencv = AppConfig.model_validate({"cameras": cams, "inference": {"frame_path": "opencv", "max_batch": 64}})
-    assert group_config(opencv, 2).inference.max_batch == 64  # faces are batched there too: left alone
+    # faces are batched there too: left alone
+    assert sized_for_cameras(opencv, 2, "camera group").inference.max_batch == 64
 
 
 def test_the_daemon_sizes_its_one_process_for_its_enabled_cameras_and_reloads_models_when_that_changes() -> None:
     """The daemon's own process (processes: 1) is capped like a group: 8 cameras with 2 frames in flight prepare
     batches of at most 16 frames, and the emotion runs then hold at most 128 crops (auto: 8 a frame); a reload that
     adds a camera changes that size, so it reloads the models; one past the configured max_batch does not."""
-    from pipeline.service.parts import sized_for_cameras
     from pipeline.service.reload import plan_reload
 
     def config(count: int, disabled: int = 0, **inference: Any) -> AppConfig:

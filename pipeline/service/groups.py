@@ -147,11 +147,6 @@ def camera_groups(cameras: Sequence[CameraConfig], processes: int) -> list[list[
 # ---------------------------------------------------------------------------------------------------- in the group
 
 
-def group_config(cfg: AppConfig, cameras: int) -> AppConfig:
-    """A group's settings: max_batch capped at what its `cameras` can fill (InferenceConfig.for_cameras)."""
-    return sized_for_cameras(cfg, cameras, "camera group")
-
-
 class _GroupCameras:
     """The group process's cameras over its own engine; what it learns goes to the daemon through `out`."""
 
@@ -269,7 +264,7 @@ def run_group(cfg: AppConfig, cameras: list[CameraConfig], out: Any, control: Co
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     _ignore_signals()
     setup_logging(log_level or cfg.logging.level, cfg.logging.format)
-    cfg = group_config(cfg, len(cameras))
+    cfg = sized_for_cameras(cfg, len(cameras), "camera group")  # max_batch: what its cameras can fill
     set_rtsp_transport(cfg)
     limit_opencv_threads(cfg)
     try:

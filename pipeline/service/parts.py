@@ -24,6 +24,7 @@ from pipeline.outputs.base import AvatarRoute
 from pipeline.outputs.registry import create_sink
 from pipeline.outputs.websocket import WebsocketSink
 from pipeline.service.lifecycle import close_sinks
+from pipeline.service.reload import enabled_cameras
 from pipeline.vision.track import IouTracker
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ def load_perception(cfg: AppConfig) -> Analyzer:
     """The shared models for the configured frame path, sized for the enabled cameras (`sized_for_cameras`), loaded
     and warmed (a first frame then costs no lazy initialisation; the frame graphs path prepares each camera size when
     first met); closed on failure."""
-    perception = build_perception(sized_for_cameras(cfg, len([c for c in cfg.cameras if c.enabled]), "daemon"))
+    perception = build_perception(sized_for_cameras(cfg, len(enabled_cameras(cfg)), "daemon"))
     try:
         perception.warm_up()
     except BaseException:
