@@ -261,14 +261,22 @@ def test_status_page_shows_failing_outputs_and_camera_reasons(failing: tuple[Run
         assert SECRET not in cell("webhook", 1)
         assert wait_until(lambda: cell_texts("stdout")[2:3] == ["ok"], 60), cell_texts("stdout")
 
+        def texts(selector: str) -> list[str]:  # [] while the elements are being redrawn
+            from selenium.common.exceptions import StaleElementReferenceException
+
+            try:
+                return [found.text for found in browser.find_elements(By.CSS_SELECTOR, selector)]
+            except StaleElementReferenceException:
+                return []
+
         def failure(camera: str) -> str:
-            found = browser.find_elements(By.CSS_SELECTOR, f'.tile[data-camera="{camera}"] .failure')
-            return found[0].text if found else ""
+            return next(iter(texts(f'.tile[data-camera="{camera}"] .failure')), "")
 
         assert wait_until(lambda: "cannot connect to rtsp://viewer:***@" in failure("door"), 60), failure("door")
-        assert "/dev/video57 does not exist" in failure("kiosk")
+        assert wait_until(lambda: "/dev/video57 does not exist" in failure("kiosk"), 10), failure("kiosk")
         assert failure("lobby") == ""
-        assert any("output webhook:" in li.text for li in browser.find_elements(By.CSS_SELECTOR, "#problems li"))
+        assert wait_until(lambda: any("output webhook:" in text for text in texts("#problems li")), 10), \
+            texts("#problems li")
         assert SECRET not in browser.page_source
     finally:
         browser.quit()
