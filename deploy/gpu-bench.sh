@@ -3,7 +3,7 @@
 # onnxruntime-gpu there). Usage there, from the project root, with the prepared models/ and a copy of the test
 # videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | session-probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
 #  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | groups |
-#  groups-sweep | nvdec-latency | nvdec-memory | ab | memory | interval-sweep | multi-gpu)
+#  groups-sweep | nvdec-latency | nvdec-memory | nvdec-cpu | ab | memory | interval-sweep | multi-gpu)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
 set -uo pipefail
@@ -224,6 +224,16 @@ case "${1:-check}" in
     python3 deploy/nvdec_latency_probe.py .benchdata/video/group_1080p.mp4 .benchdata/video/group_1080p_ipp.mp4 \
       .benchdata/video/woman2.mp4 2> "$OUT/nvdec_latency.err" | tee "$OUT/nvdec_latency.jsonl"
     tail -3 "$OUT/nvdec_latency.err"
+    ;;
+  nvdec-cpu)  # CPU per decoded 1080p frame, DECODERS (64) threads paced at 25 fps, SECONDS_EACH (10) a mode: by CUDA
+    # wait mode, or with PARTS=1 by step (demux / nv12 / rgb / rgb+copy: differences are each step's cost); PROFILER
+    # (a py-spy command prefix with --native) then records the rgb step alone
+    python3 deploy/nvdec_cpu_probe.py ${PARTS:+--parts} ".benchdata/video/${CLIP:-group_1080p.mp4}" "${DECODERS:-64}" \
+      "${SECONDS_EACH:-10}" | tee "$OUT/nvdec_cpu${TAG:-}.jsonl"
+    if [ -n "${PROFILER:-}" ]; then
+      $PROFILER python3 deploy/nvdec_cpu_probe.py --mode rgb ".benchdata/video/${CLIP:-group_1080p.mp4}" \
+        "${DECODERS:-64}" "${SECONDS_EACH:-10}"
+    fi
     ;;
   nvdec-memory)  # GPU memory per decoder by latency mode and output colour (RGB / NV12), and a decoded frame's members
     python3 deploy/nvdec_latency_probe.py --memory .benchdata/video/group_1080p.mp4 .benchdata/video/group_1080p_ipp.mp4 \

@@ -9,8 +9,12 @@ for SECONDS; the process's CPU time (user + system) per decoded frame is printed
 Modes: auto (CUDA's default), spin, sleep (cudaDeviceScheduleBlockingSync), and sleep+primary (the same, with the
 primary context handed to PyNvVideoCodec explicitly, in case it would otherwise make a context of its own).
 
+`--parts` splits the same load by step instead (all under auto): demux (packets read, nothing decoded), nv12 (decoded,
+NVDEC's own NV12 surface), rgb (decoded and converted to RGB, as NvdecSource does) and rgb+copy (each frame also copied
+device to device, as keep_on_device does), so each step's CPU per frame is a difference of two lines.
+
 Run from the project root on a GPU machine with PyNvVideoCodec and cuda-python:
-    python3 deploy/nvdec_cpu_probe.py .benchdata/video/group_1080p.mp4 [DECODERS] [SECONDS]
+    python3 deploy/nvdec_cpu_probe.py [--parts] .benchdata/video/group_1080p.mp4 [DECODERS] [SECONDS]
 """
 
 from __future__ import annotations
@@ -24,9 +28,11 @@ import time
 
 FPS = 25.0
 MODES = ("auto", "spin", "sleep", "sleep+primary")
+PARTS = ("demux", "nv12", "rgb", "rgb+copy")
 
 
-def decode_paced(path: str, seconds: float, context: int, counts: list[int], index: int) -> None:
+def decode_paced(path: str, seconds: float, context: int, counts: list[int], index: int,
+                 part: str = "rgb") -> None:
     import PyNvVideoCodec as nvc
     from cuda.bindings import runtime
 
@@ -34,9 +40,11 @@ def decode_paced(path: str, seconds: float, context: int, counts: list[int], ind
     stream = runtime.cudaStreamCreateWithFlags(runtime.cudaStreamNonBlocking)[1]
     extra = {"cudacontext": context} if context else {}
     demuxer = nvc.CreateDemuxer(filename=path)
+    colour = nvc.OutputColorType.NATIVE if part == "nv12" else nvc.OutputColorType.RGB
     decoder = nvc.CreateDecoder(gpuid=0, codec=demuxer.GetNvCodecId(), usedevicememory=True,
-                                cudastream=int(stream), outputColorType=nvc.OutputColorType.RGB,
+                                cudastream=int(stream), outputColorType=colour,
                                 latency=nvc.DisplayDecodeLatencyType.LOW, **extra)
+    copy_to = int(runtime.cudaMalloc(1920 * 1088 * 3)[1]) if part == "rgb+copy" else 0
     packets = iter(demuxer)
     due = time.monotonic()
     end = due + seconds
@@ -47,7 +55,15 @@ def decode_paced(path: str, seconds: float, context: int, counts: list[int], ind
             demuxer = nvc.CreateDemuxer(filename=path)
             packets = iter(demuxer)
             continue
-        counts[index] += len(decoder.Decode(packet))
+        if part == "demux":
+            counts[index] += 1
+        else:
+            frames = decoder.Decode(packet)
+            counts[index] += len(frames)
+            for frame in frames if copy_to else ():
+                runtime.cudaMemcpyAsync(copy_to, int(frame.GetPtrToPlane(0)), int(frame.framesize()),
+                                        runtime.cudaMemcpyKind.cudaMemcpyDeviceToDevice, stream)
+                runtime.cudaStreamSynchronize(stream)
         due += 1.0 / FPS
         time.sleep(max(0.0, due - time.monotonic()))
 
@@ -56,6 +72,8 @@ def one_mode(mode: str, path: str, decoders: int, seconds: float) -> dict[str, o
     from cuda.bindings import driver, runtime
 
     runtime.cudaSetDevice(0)
+    part = mode if mode in PARTS else "rgb"
+    mode = "auto" if mode in PARTS else mode
     flags = {"auto": runtime.cudaDeviceScheduleAuto, "spin": runtime.cudaDeviceScheduleSpin,
              "sleep": runtime.cudaDeviceScheduleBlockingSync}[mode.split("+")[0]]
     runtime.cudaSetDeviceFlags(int(flags))
@@ -65,7 +83,7 @@ def one_mode(mode: str, path: str, decoders: int, seconds: float) -> dict[str, o
         driver.cuInit(0)
         context = int(driver.cuDevicePrimaryCtxRetain(driver.CUdevice(0))[1])
     counts = [0] * decoders
-    threads = [threading.Thread(target=decode_paced, args=(path, seconds, context, counts, i)) for i in range(decoders)]
+    threads = [threading.Thread(target=decode_paced, args=(path, seconds, context, counts, i, part)) for i in range(decoders)]
     start_cpu, start = os.times(), time.monotonic()
     for thread in threads:
         thread.start()
@@ -74,7 +92,7 @@ def one_mode(mode: str, path: str, decoders: int, seconds: float) -> dict[str, o
     end_cpu, wall = os.times(), time.monotonic() - start
     cpu = (end_cpu.user - start_cpu.user) + (end_cpu.system - start_cpu.system)
     frames = sum(counts)
-    return {"mode": mode, "decoders": decoders, "frames": frames, "frames_per_s": round(frames / wall, 1),
+    return {"mode": mode, "part": part, "decoders": decoders, "frames": frames, "frames_per_s": round(frames / wall, 1),
             "cpu_cores": round(cpu / wall, 2), "cpu_ms_per_frame": round(cpu * 1e3 / max(frames, 1), 3),
             "flags_after": int(runtime.cudaGetDeviceFlags()[1])}
 
@@ -83,10 +101,12 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] == "--mode":
         print(json.dumps(one_mode(argv[1], argv[2], int(argv[3]), float(argv[4]))), flush=True)
         return 0
+    modes = PARTS if argv and argv[0] == "--parts" else MODES
+    argv = argv[1:] if argv and argv[0] == "--parts" else argv
     path = argv[0]
     decoders = int(argv[1]) if len(argv) > 1 else 64
     seconds = float(argv[2]) if len(argv) > 2 else 10.0
-    for mode in (*MODES, *MODES[::-1]):  # each mode twice, the second round reversed, so drift shows
+    for mode in (*modes, *modes[::-1]):  # each mode twice, the second round reversed, so drift shows
         out = subprocess.run([sys.executable, __file__, "--mode", mode, path, str(decoders), str(seconds)],
                              capture_output=True, text=True, check=False)
         lines = out.stdout.strip().splitlines()
