@@ -38,6 +38,7 @@ from pipeline.tools.bench_groups import (
     run_groups,
 )
 from pipeline.tools.gpu_sampler import gpu_memory_mb
+from pipeline.tools.thread_cpu import cores_by_role, cpu_by_role
 
 WARMUP_S = 3.0
 
@@ -234,11 +235,11 @@ def run_mode(args: argparse.Namespace, naive: bool, interval: int | None = None)
     time.sleep(WARMUP_S)
     frames_in0 = sum(c.frames_in.total for c in captures)
     analysed0 = sum(w.stats.analysed.total for w in workers)
-    usage0 = resource.getrusage(resource.RUSAGE_SELF)
+    usage0, threads0 = resource.getrusage(resource.RUSAGE_SELF), cpu_by_role()
     triton.open()
     wall, utilisation = record_window(recorder, args.duration)
     triton_window = triton.close()
-    usage1 = resource.getrusage(resource.RUSAGE_SELF)
+    usage1, threads1 = resource.getrusage(resource.RUSAGE_SELF), cpu_by_role()
     frames_in = sum(c.frames_in.total for c in captures) - frames_in0
     analysed = sum(w.stats.analysed.total for w in workers) - analysed0
     gpu_mb, (rss_mb, peak_mb) = gpu_memory_mb(), rss_mb_of([])
@@ -256,7 +257,8 @@ def run_mode(args: argparse.Namespace, naive: bool, interval: int | None = None)
                                       "frames_in_flight": _in_flight(workers),
                                       "decoder": decoder_kind(captures), "gpu_utilisation": utilisation,
                                       "capture_nice": args.capture_nice, "backend": cfg.inference.backend,
-                                      "triton": triton_window, "interval": cfg.detector.interval}
+                                      "triton": triton_window, "interval": cfg.detector.interval,
+                                      "cores_by_thread": cores_by_role(threads0, threads1, wall)}
 
 
 def _run_grouped(args: argparse.Namespace, cfg: AppConfig) -> dict[str, Any]:
@@ -385,6 +387,9 @@ def print_pipeline_table(result: dict[str, Any]) -> None:
             h = r["host_memory"]
             print(f"{r['mode']}: host memory of all processes: RSS {h['rss_mb']} MB, PSS {h['pss_mb']} MB (shared "
                   f"library pages counted once), anonymous {h['anon_mb']} MB")
+    for r in result["results"]:
+        if r.get("cores_by_thread"):
+            print(f"{r['mode']}: cores by thread: " + ", ".join(f"{role} {c}" for role, c in r["cores_by_thread"].items()))
     for r in result["results"]:
         if r.get("gpu_utilisation"):
             u = r["gpu_utilisation"]

@@ -1,0 +1,56 @@
+"""CPU time per thread role, read from /proc (Linux): where a process's cores go, counted by the kernel.
+
+Why: a sampling profiler (py-spy) counts a thread asleep in native code (NVDEC's driver, a CUDA wait) as busy, so its
+shares say where threads *are*, not what they cost. The kernel's own per-thread CPU time does not have that bias.
+A Python thread is named by its `threading` name with digits folded (`reader-cam12` → `reader-camN`), so the 64
+cameras' readers add up to one row; any other thread (ONNX Runtime's pools, CUDA's and the driver's own) by its
+kernel name, prefixed `native:`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from pathlib import Path
+
+TASKS = Path("/proc/self/task")
+_DIGITS = re.compile(r"\d+")
+
+
+def _role_of(native_names: dict[int, str], tid: int, comm: str) -> str:
+    name = native_names.get(tid)
+    return _DIGITS.sub("N", name) if name is not None else f"native:{_DIGITS.sub('N', comm)}"
+
+
+def _thread_seconds(stat: str) -> tuple[str, float]:
+    """(kernel name, user + system seconds) of one /proc/.../stat line (the name may hold spaces and parentheses)."""
+    head, _, rest = stat.rpartition(")")
+    fields = rest.split()
+    ticks = int(fields[11]) + int(fields[12])  # utime and stime: fields 14 and 15 of the line
+    return head.partition("(")[2], ticks / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_role(tasks: Path = TASKS) -> dict[str, float]:
+    """CPU seconds so far of the threads alive now, summed per role (threads that ended are not counted)."""
+    native_names = {thread.native_id: thread.name for thread in threading.enumerate() if thread.native_id is not None}
+    totals: dict[str, float] = {}
+    for task in tasks.iterdir():
+        try:
+            comm, seconds = _thread_seconds((task / "stat").read_text())
+        except (OSError, IndexError, ValueError):  # the thread ended while we read it
+            continue
+        role = _role_of(native_names, int(task.name), comm)
+        totals[role] = totals.get(role, 0.0) + seconds
+    return totals
+
+
+def cores_by_role(before: dict[str, float], after: dict[str, float], wall_s: float, top: int = 12) -> dict[str, float]:
+    """Cores each role used between two `cpu_by_role` readings, largest first; the rest summed as `other`."""
+    used = {role: after[role] - before.get(role, 0.0) for role in after}
+    ranked = sorted(used.items(), key=lambda item: item[1], reverse=True)
+    cores = {role: round(seconds / max(wall_s, 1e-9), 3) for role, seconds in ranked[:top]}
+    rest = sum(seconds for _, seconds in ranked[top:])
+    if rest > 0:
+        cores["other"] = round(rest / max(wall_s, 1e-9), 3)
+    return cores

@@ -1,0 +1,52 @@
+"""bench pipeline's CPU per thread role (pipeline/tools/thread_cpu.py), read from the kernel's per-thread counters."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+from pipeline.tools.thread_cpu import _thread_seconds, cores_by_role, cpu_by_role
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread CPU is read from /proc")
+
+
+def _burn(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        sum(range(1000))
+
+
+def test_a_busy_thread_is_counted_under_its_role_and_an_idle_one_is_not() -> None:
+    before = cpu_by_role()
+    started = time.monotonic()
+    busy = [threading.Thread(target=_burn, args=(0.15,), name=f"burner-cam{i}") for i in (3, 12)]
+    idle = threading.Thread(target=time.sleep, args=(0.4,), name="sleeper-7")
+    idle.start()
+    for thread in busy:
+        thread.start()
+    time.sleep(0.05)  # read while every thread is still alive (time in ended threads is not counted)
+    middle = cpu_by_role()
+    for thread in [*busy, idle]:
+        thread.join()
+    # both burners fold into one row; read before they ended, they show what they had burned by then
+    assert "burner-camN" in middle and "sleeper-N" in middle
+    assert middle["sleeper-N"] < 0.05
+    cores = cores_by_role(before, middle, time.monotonic() - started)
+    assert cores["burner-camN"] > cores["sleeper-N"]
+
+
+def test_stat_lines_with_spaces_and_parentheses_in_the_name() -> None:
+    fields = " ".join(["S"] + ["0"] * 10 + ["250", "50"] + ["0"] * 30)
+    name, seconds = _thread_seconds(f"1234 (odd) name (x)) {fields}")
+    assert name == "odd) name (x)"
+    assert seconds == pytest.approx(300 / os.sysconf("SC_CLK_TCK"))
+
+
+def test_roles_beyond_the_top_are_summed_as_other() -> None:
+    after = {f"role-{c}": 1.0 + i for i, c in enumerate("abcde")}
+    cores = cores_by_role({}, after, wall_s=2.0, top=2)
+    assert cores == {"role-e": 2.5, "role-d": 2.0, "other": 3.0}
