@@ -6,6 +6,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -50,3 +51,8 @@ def test_roles_beyond_the_top_are_summed_as_other() -> None:
     after = {f"role-{c}": 1.0 + i for i, c in enumerate("abcde")}
     cores = cores_by_role({}, after, wall_s=2.0, top=2)
     assert cores == {"role-e": 2.5, "role-d": 2.0, "other": 3.0}
+
+
+def test_no_proc_gives_no_roles(tmp_path: Path) -> None:
+    assert cpu_by_role(tmp_path / "missing") == {}
+    assert cores_by_role({}, {}, wall_s=1.0) == {}

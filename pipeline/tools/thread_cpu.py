@@ -32,7 +32,10 @@ def _thread_seconds(stat: str) -> tuple[str, float]:
 
 
 def cpu_by_role(tasks: Path = TASKS) -> dict[str, float]:
-    """CPU seconds so far of the threads alive now, summed per role (threads that ended are not counted)."""
+    """CPU seconds so far of the threads alive now, summed per role (threads that ended are not counted); empty
+    where there is no /proc (not Linux)."""
+    if not tasks.is_dir():
+        return {}
     native_names = {thread.native_id: thread.name for thread in threading.enumerate() if thread.native_id is not None}
     totals: dict[str, float] = {}
     for task in tasks.iterdir():
