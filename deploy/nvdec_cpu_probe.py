@@ -44,7 +44,7 @@ def decode_paced(path: str, seconds: float, context: int, counts: list[int], ind
     decoder = nvc.CreateDecoder(gpuid=0, codec=demuxer.GetNvCodecId(), usedevicememory=True,
                                 cudastream=int(stream), outputColorType=colour,
                                 latency=nvc.DisplayDecodeLatencyType.LOW, **extra)
-    copy_to = int(runtime.cudaMalloc(1920 * 1088 * 3)[1]) if part == "rgb+copy" else 0
+    copy_to, copy_size = 0, 0  # rgb+copy: a device buffer of the frame's size, made for the first frame
     packets = iter(demuxer)
     due = time.monotonic()
     end = due + seconds
@@ -60,7 +60,10 @@ def decode_paced(path: str, seconds: float, context: int, counts: list[int], ind
         else:
             frames = decoder.Decode(packet)
             counts[index] += len(frames)
-            for frame in frames if copy_to else ():
+            for frame in frames if part == "rgb+copy" else ():
+                if int(frame.framesize()) > copy_size:
+                    copy_size = int(frame.framesize())
+                    copy_to = int(runtime.cudaMalloc(copy_size)[1])
                 runtime.cudaMemcpyAsync(copy_to, int(frame.GetPtrToPlane(0)), int(frame.framesize()),
                                         runtime.cudaMemcpyKind.cudaMemcpyDeviceToDevice, stream)
                 runtime.cudaStreamSynchronize(stream)

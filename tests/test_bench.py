@@ -52,6 +52,8 @@ def test_bench_pipeline_compares_both_designs_in_one_run(prepared_models: None, 
         assert set(run["stage_ms"]) == {"detect", "crop", "emotion", "other"}
         assert run["latency_ms"]["p99"] >= run["latency_ms"]["p50"] > 0
         assert run["threads"] > 2 and run["peak_rss_mb"] > 0
+        assert run["cores_by_thread"]["reader-camN"] > 0  # both cameras' decoding, folded into one role
+    assert "cores by thread: " in done.stdout
     assert result["results"][1]["batching"]["detector"]["mean_batch"] == 1.0  # naive: never batched
     _png_size(plot)
 
