@@ -226,9 +226,10 @@ case "${1:-check}" in
     tail -3 "$OUT/nvdec_latency.err"
     ;;
   nvdec-cpu)  # CPU per decoded 1080p frame, DECODERS (64) threads paced at 25 fps, SECONDS_EACH (10) a mode: by CUDA
-    # wait mode, or with PARTS=1 by step (demux / nv12 / rgb / rgb+copy: differences are each step's cost); PROFILER
+    # wait mode, with PARTS=1 by step (demux / nv12 / rgb / rgb+copy: differences are each step's cost), with CALLS=1
+    # the time inside each Decode call (wall and CPU) at 1, 8 and 64 decoders, LOW and NATIVE latency; PROFILER
     # (a py-spy command prefix with --native) then records the rgb step alone
-    python3 deploy/nvdec_cpu_probe.py ${PARTS:+--parts} ".benchdata/video/${CLIP:-group_1080p.mp4}" "${DECODERS:-64}" \
+    python3 deploy/nvdec_cpu_probe.py ${PARTS:+--parts} ${CALLS:+--calls} ".benchdata/video/${CLIP:-group_1080p.mp4}" "${DECODERS:-64}" \
       "${SECONDS_EACH:-10}" | tee "$OUT/nvdec_cpu${TAG:-}.jsonl"
     if [ -n "${PROFILER:-}" ]; then
       $PROFILER python3 deploy/nvdec_cpu_probe.py --mode rgb ".benchdata/video/${CLIP:-group_1080p.mp4}" \
