@@ -38,9 +38,11 @@ CALLS = ("low@1", "native@1", "low@8", "native@8", "low@64", "native@64")  # lat
 
 
 def decode_paced(path: str, seconds: float, context: int, counts: list[int], index: int,
-                 part: str = "rgb", latency: str = "LOW", timing: list[list[float]] | None = None) -> None:
+                 part: str = "rgb", latency: str = "LOW", timing: list[list[float]] | None = None,
+                 ready: threading.Barrier | None = None) -> None:
     """One camera: `path` decoded at 25 fps for `seconds`. `timing[index]` (when given) gathers the wall and thread
-    CPU seconds spent inside `Decode` and the number of calls."""
+    CPU seconds spent inside `Decode` and the number of calls; `ready` (when given) is waited on once the decoder
+    exists, so the measured window leaves out the decoders' start-up."""
     import PyNvVideoCodec as nvc
     from cuda.bindings import runtime
 
@@ -54,6 +56,8 @@ def decode_paced(path: str, seconds: float, context: int, counts: list[int], ind
                                 latency=getattr(nvc.DisplayDecodeLatencyType, latency), **extra)
     copy_to, copy_size = 0, 0  # rgb+copy: a device buffer of the frame's size, made for the first frame
     packets = iter(demuxer)
+    if ready is not None:
+        ready.wait()
     due = time.monotonic()
     end = due + seconds
     while time.monotonic() < end:
@@ -114,7 +118,8 @@ def one_mode(mode: str, path: str, decoders: int, seconds: float) -> dict[str, o
 
 
 def one_call_mode(mode: str, path: str, seconds: float) -> dict[str, object]:
-    """CALLS: `mode` is LATENCY@DECODERS; the time inside `Decode`, per call, wall and the thread's own CPU."""
+    """CALLS: `mode` is LATENCY@DECODERS; the time inside `Decode`, per call, wall and the thread's own CPU, and the
+    whole process's CPU per frame (other threads included: CUDA's and the NVDEC driver's), start-up left out."""
     from cuda.bindings import runtime
 
     latency, decoders = mode.split("@")[0].upper(), int(mode.split("@")[1])
@@ -122,11 +127,13 @@ def one_call_mode(mode: str, path: str, seconds: float) -> dict[str, object]:
     runtime.cudaFree(0)
     counts = [0] * decoders
     timing = [[0.0, 0.0, 0] for _ in range(decoders)]
-    threads = [threading.Thread(target=decode_paced, args=(path, seconds, 0, counts, i, "rgb", latency, timing))
+    ready = threading.Barrier(decoders + 1)
+    threads = [threading.Thread(target=decode_paced, args=(path, seconds, 0, counts, i, "rgb", latency, timing, ready))
                for i in range(decoders)]
-    start_cpu, start = os.times(), time.monotonic()
     for thread in threads:
         thread.start()
+    ready.wait()  # every decoder exists: the window starts here
+    start_cpu, start = os.times(), time.monotonic()
     for thread in threads:
         thread.join()
     end_cpu, wall = os.times(), time.monotonic() - start
