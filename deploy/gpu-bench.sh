@@ -3,7 +3,7 @@
 # onnxruntime-gpu there). Usage there, from the project root, with the prepared models/ and a copy of the test
 # videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | session-probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
 #  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | groups |
-#  groups-sweep | nvdec-latency | nvdec-memory | nvdec-cpu | ab | memory | interval-sweep | multi-gpu)
+#  groups-sweep | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | multi-gpu)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
 set -uo pipefail
@@ -235,6 +235,11 @@ case "${1:-check}" in
       $PROFILER python3 deploy/nvdec_cpu_probe.py --mode rgb ".benchdata/video/${CLIP:-group_1080p.mp4}" \
         "${DECODERS:-64}" "${SECONDS_EACH:-10}"
     fi
+    ;;
+  nvdec-pyav)  # NVDEC through PyAV (FFmpeg's nvdec hwaccel, GIL released, NV12 kept on the GPU) against PyNvVideoCodec:
+    # CPU per frame, CPU and wall per decode call, GIL wait of a canary thread; DECODER_COUNTS (8,64) paced cameras
+    python3 deploy/pyav_nvdec_probe.py ".benchdata/video/${CLIP:-group_1080p.mp4}" "${SECONDS_EACH:-6}" \
+      "${DECODER_COUNTS:-8,64}" | tee "$OUT/nvdec_pyav${TAG:-}.jsonl"
     ;;
   nvdec-memory)  # GPU memory per decoder by latency mode and output colour (RGB / NV12), and a decoded frame's members
     python3 deploy/nvdec_latency_probe.py --memory .benchdata/video/group_1080p.mp4 .benchdata/video/group_1080p_ipp.mp4 \
