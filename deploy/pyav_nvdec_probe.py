@@ -82,7 +82,11 @@ def camera(backend: str, path: str, seconds: float, ready: threading.Barrier, ta
            where: list[object]) -> None:
     """One paced camera; `tally` gathers frames, calls, wall and thread CPU seconds inside the decode calls."""
     steps = (pyav_camera if backend == "pyav" else pynvvideocodec_camera)(path)
-    next(steps)
+    try:
+        next(steps)
+    except Exception:
+        ready.abort()  # the run fails at once instead of waiting for a decoder that will never exist
+        raise
     ready.wait()
     pace, end = Pace(), time.monotonic() + seconds
     while time.monotonic() < end:
@@ -110,8 +114,11 @@ def one_run(backend: str, path: str, decoders: int, seconds: float) -> dict[str,
     from cuda.bindings import runtime
 
     runtime.cudaSetDevice(0)
+    # FFmpeg takes the primary context only with its own flags (blocking sync); made first with others it refuses
+    # ("Operation not supported"). Both backends get the same context.
+    runtime.cudaSetDeviceFlags(int(runtime.cudaDeviceScheduleBlockingSync))
     runtime.cudaFree(0)
-    ready = threading.Barrier(decoders + 1)
+    ready = threading.Barrier(decoders + 1, timeout=120)
     tallies = [[0.0, 0, 0.0, 0.0] for _ in range(decoders)]
     where: list[object] = []
     threads = [threading.Thread(target=camera, args=(backend, path, seconds, ready, tallies[i], where))
@@ -149,8 +156,12 @@ def main(argv: list[str]) -> int:
     counts = [int(n) for n in (argv[2] if len(argv) > 2 else "8,64").split(",")]
     runs = [(backend, n) for n in counts for backend in BACKENDS]
     for backend, n in (*runs, *runs[::-1]):  # each twice, the second round reversed, so drift shows
-        out = subprocess.run([sys.executable, __file__, "--run", backend, path, str(n), str(seconds)],
-                             capture_output=True, text=True, check=False)
+        try:
+            out = subprocess.run([sys.executable, __file__, "--run", backend, path, str(n), str(seconds)],
+                                 capture_output=True, text=True, check=False, timeout=seconds + 150)
+        except subprocess.TimeoutExpired:
+            print(json.dumps({"backend": backend, "decoders": n, "error": "timed out"}), flush=True)
+            continue
         lines = out.stdout.strip().splitlines()
         print(lines[-1] if out.returncode == 0 and lines else
               json.dumps({"backend": backend, "decoders": n, "error": out.stderr[-800:]}), flush=True)
