@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.tools.thread_cpu import _thread_seconds, cores_by_role, cpu_by_role
+from pipeline.core.threads import name_native_thread
+from pipeline.tools.thread_cpu import _thread_seconds, cores_by_role, cpu_by_role, cpu_by_role_of
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread CPU is read from /proc")
 
@@ -56,3 +57,27 @@ def test_roles_beyond_the_top_are_summed_as_other() -> None:
 def test_no_proc_gives_no_roles(tmp_path: Path) -> None:
     assert cpu_by_role(tmp_path / "missing") == {}
     assert cores_by_role({}, {}, wall_s=1.0) == {}
+
+
+def test_a_thread_that_names_itself_is_counted_by_that_name_from_outside() -> None:
+    """What a camera group's threads look like to the bench's process: only kernel names, which the pipeline's
+    threads set to their `threading` names (cut to 15 bytes); a library thread keeps its own."""
+    names: dict[str, str] = {}
+    release = threading.Event()
+
+    def named() -> None:
+        assert name_native_thread()
+        _burn(0.1)
+        names["comm"] = Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text().strip()
+        release.wait(5)
+
+    thread = threading.Thread(target=named, name="reader-cam12-with-a-long-name")
+    thread.start()
+    while "comm" not in names and thread.is_alive():
+        time.sleep(0.01)
+    roles = cpu_by_role_of(os.getpid())  # as for another process: kernel names only
+    release.set()
+    thread.join()
+    assert names["comm"] == "reader-cam12-wi"
+    assert roles.get("reader-camN-wi", 0.0) >= 0.05, roles
+    assert cpu_by_role_of(2**22 + 12345) == {}  # a process that is not there

@@ -27,6 +27,7 @@ from pipeline.capture.sources import (
 )
 from pipeline.capture.stats import RateMeter, RecentEvents
 from pipeline.core.redact import mask_secrets
+from pipeline.core.threads import name_native_thread
 from pipeline.core.types import CameraEvent, CameraState, Frame, FrameImage
 
 if TYPE_CHECKING:
@@ -213,6 +214,7 @@ class SourceReader(threading.Thread):
             self._wake.notify()
 
     def run(self) -> None:
+        name_native_thread()
         lower_thread_priority(self.cfg.nice)  # before any source starts its decoder threads: they inherit it
         while (session := self._next_session()) is not None:
             self._serve(session)
@@ -309,6 +311,7 @@ class CaptureThread(threading.Thread):
         return logging.INFO
 
     def run(self) -> None:
+        name_native_thread()
         try:
             while not self._stop_event.is_set() and self.state != "ended":
                 self._session()

@@ -1,3 +1,3 @@
-"""Core: the vocabulary every wing shares (frames, detections, scores, observations, commands, camera events), secret masking, the strict settings base, the lazy plugin registry and the repeat limiter for log lines.
+"""Core: the vocabulary every wing shares (frames, detections, scores, observations, commands, camera events), secret masking, the strict settings base, the lazy plugin registry, the repeat limiter for log lines and the kernel names of the pipeline's threads.
 
-Owns: core.types, core.redact, core.settings, core.registry, core.logrepeat. May import: nothing of the pipeline (it is the floor)."""
+Owns: core.types, core.redact, core.settings, core.registry, core.logrepeat, core.threads. May import: nothing of the pipeline (it is the floor)."""

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from pipeline.core.logrepeat import RepeatLimiter
+from pipeline.core.threads import name_native_thread
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +168,7 @@ class BatchedModel:
         return self.submit(item).result(timeout=timeout)
 
     def _collect_loop(self) -> None:
+        name_native_thread()
         while True:
             if not self._free_lanes.acquire(timeout=0.1):  # every lane busy: requests keep queueing meanwhile
                 if self._closing.is_set() and self._requests.empty():
@@ -200,6 +202,7 @@ class BatchedModel:
         return batch
 
     def _run_loop(self, lane: int) -> None:
+        name_native_thread()
         while True:
             batch = self._batches.get()
             if batch is None:

@@ -27,6 +27,7 @@ import numpy as np
 from pipeline.capture.stats import RateMeter
 from pipeline.capture.thread import CaptureThread
 from pipeline.core.logrepeat import RepeatLimiter
+from pipeline.core.threads import name_native_thread
 from pipeline.core.types import Detection, EmotionScores, FaceResult, Frame, HeadPose, Observation
 from pipeline.inference.batching import ModelClosedError, QueueFullError
 from pipeline.inference.pending import PendingAnalysis
@@ -65,6 +66,7 @@ class CameraWorker(threading.Thread):
         self._poses: dict[int, HeadPose | None] = {}  # each track's head pose at the last detection frame
 
     def run(self) -> None:
+        name_native_thread()
         last_index = 0
         depth = max(1, self.perception.frames_in_flight)
         pending: deque[tuple[Frame, PendingAnalysis, list[int] | None]] = deque()

@@ -22,6 +22,7 @@ from pipeline.service.groups import (
     stop_groups,
 )
 from pipeline.tools.gpu_sampler import GpuSampler, gpu_memory_mb
+from pipeline.tools.thread_cpu import cores_by_role, cpu_by_role_of_all
 
 if TYPE_CHECKING:
     from pipeline.config.app import AppConfig
@@ -41,9 +42,9 @@ def run_groups(args: argparse.Namespace, cfg: AppConfig, recorder: Any, warmup_s
         _wait_for_first_frames(groups, len(cfg.cameras))
         time.sleep(warmup_s)
         pids = [group.pid for group in groups if group.pid is not None]
-        cpu0, frames_in0 = _cpu_seconds(pids), _frames_in(groups)
+        cpu0, frames_in0, threads0 = _cpu_seconds(pids), _frames_in(groups), cpu_by_role_of_all(pids)
         wall, utilisation = record_window(recorder, args.duration)
-        cpu_s = _cpu_seconds(pids) - cpu0
+        cpu_s, threads1 = _cpu_seconds(pids) - cpu0, cpu_by_role_of_all(pids)
         frames_in = _frames_in(groups) - frames_in0
         rss_mb, peak_mb = rss_mb_of(pids)
         host = host_memory_mb(pids)
@@ -55,6 +56,7 @@ def run_groups(args: argparse.Namespace, cfg: AppConfig, recorder: Any, warmup_s
     return {"wall": wall, "frames_in": frames_in, "analysed": len(recorder.latencies_ms), "usage": usage,
             "rss_mb": rss_mb, "peak_mb": peak_mb, "gpu_mb": gpu_mb, "batching": batching,
             "extra": {"processes": len(groups), "gpu_utilisation": utilisation, "host_memory": host,
+                      "cores_by_thread": cores_by_role(threads0, threads1, wall),  # the groups' threads only
                       "frame_path": "graph" if cfg.inference.graph_frames else "opencv"}}
 
 

@@ -4,7 +4,9 @@ Why: a sampling profiler (py-spy) counts a thread asleep in native code (NVDEC's
 shares say where threads *are*, not what they cost. The kernel's own per-thread CPU time does not have that bias.
 A Python thread is named by its `threading` name with digits folded (`reader-cam12` → `reader-camN`), so the 64
 cameras' readers add up to one row; any other thread (ONNX Runtime's pools, CUDA's and the driver's own) by its
-kernel name, prefixed `native:`.
+kernel name, prefixed `native:`. In another process (a camera group) only kernel names can be read: the pipeline's
+own threads give theirs their `threading` names (core.threads), so they count under the same roles there, and a
+library's thread started by one of them (an FFmpeg decoder's) counts under its starter's name.
 """
 
 from __future__ import annotations
@@ -45,6 +47,34 @@ def cpu_by_role(tasks: Path = TASKS) -> dict[str, float]:
             continue
         role = _role_of(native_names, int(task.name), comm)
         totals[role] = totals.get(role, 0.0) + seconds
+    return totals
+
+
+def cpu_by_role_of(pid: int) -> dict[str, float]:
+    """`cpu_by_role` for another process (e.g. a camera group), by kernel names with digits folded; empty when the
+    process has gone."""
+    totals: dict[str, float] = {}
+    tasks = Path(f"/proc/{pid}/task")
+    try:
+        entries = list(tasks.iterdir())
+    except OSError:
+        return totals
+    for task in entries:
+        try:
+            comm, seconds = _thread_seconds((task / "stat").read_text())
+        except (OSError, IndexError, ValueError):
+            continue
+        role = _DIGITS.sub("N", comm)
+        totals[role] = totals.get(role, 0.0) + seconds
+    return totals
+
+
+def cpu_by_role_of_all(pids: list[int]) -> dict[str, float]:
+    """`cpu_by_role_of` summed over several processes (the camera groups of one run)."""
+    totals: dict[str, float] = {}
+    for pid in pids:
+        for role, seconds in cpu_by_role_of(pid).items():
+            totals[role] = totals.get(role, 0.0) + seconds
     return totals
 
 
