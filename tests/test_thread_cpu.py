@@ -61,7 +61,7 @@ def test_no_proc_gives_no_roles(tmp_path: Path) -> None:
 
 def test_a_thread_that_names_itself_is_counted_by_that_name_from_outside() -> None:
     """What a camera group's threads look like to the bench's process: only kernel names, which the pipeline's
-    threads set to their `threading` names (cut to 15 bytes); a library thread keeps its own."""
+    threads set to their `threading` names (cut to 15 bytes)."""
     names: dict[str, str] = {}
     release = threading.Event()
 

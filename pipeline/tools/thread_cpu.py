@@ -33,49 +33,46 @@ def _thread_seconds(stat: str) -> tuple[str, float]:
     return head.partition("(")[2], ticks / os.sysconf("SC_CLK_TCK")
 
 
-def cpu_by_role(tasks: Path = TASKS) -> dict[str, float]:
-    """CPU seconds so far of the threads alive now, summed per role (threads that ended are not counted); empty
-    where there is no /proc (not Linux)."""
-    if not tasks.is_dir():
-        return {}
-    native_names = {thread.native_id: thread.name for thread in threading.enumerate() if thread.native_id is not None}
-    totals: dict[str, float] = {}
-    for task in tasks.iterdir():
+def _threads(tasks: Path) -> list[tuple[int, str, float]]:
+    """(thread id, kernel name, CPU seconds) of each thread under `tasks` (a /proc/PID/task directory) alive now;
+    empty when the directory cannot be read (no /proc, or the process has gone)."""
+    try:
+        entries = list(tasks.iterdir())
+    except OSError:
+        return []
+    found = []
+    for task in entries:
         try:
             comm, seconds = _thread_seconds((task / "stat").read_text())
         except (OSError, IndexError, ValueError):  # the thread ended while we read it
             continue
-        role = _role_of(native_names, int(task.name), comm)
+        found.append((int(task.name), comm, seconds))
+    return found
+
+
+def _summed(roles: list[tuple[str, float]]) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for role, seconds in roles:
         totals[role] = totals.get(role, 0.0) + seconds
     return totals
+
+
+def cpu_by_role(tasks: Path = TASKS) -> dict[str, float]:
+    """CPU seconds so far of this process's threads alive now, summed per role (threads that ended are not counted);
+    empty where there is no /proc (not Linux)."""
+    native_names = {thread.native_id: thread.name for thread in threading.enumerate() if thread.native_id is not None}
+    return _summed([(_role_of(native_names, tid, comm), seconds) for tid, comm, seconds in _threads(tasks)])
 
 
 def cpu_by_role_of(pid: int) -> dict[str, float]:
     """`cpu_by_role` for another process (e.g. a camera group), by kernel names with digits folded; empty when the
     process has gone."""
-    totals: dict[str, float] = {}
-    tasks = Path(f"/proc/{pid}/task")
-    try:
-        entries = list(tasks.iterdir())
-    except OSError:
-        return totals
-    for task in entries:
-        try:
-            comm, seconds = _thread_seconds((task / "stat").read_text())
-        except (OSError, IndexError, ValueError):
-            continue
-        role = _DIGITS.sub("N", comm)
-        totals[role] = totals.get(role, 0.0) + seconds
-    return totals
+    return _summed([(_DIGITS.sub("N", comm), seconds) for _, comm, seconds in _threads(Path(f"/proc/{pid}/task"))])
 
 
 def cpu_by_role_of_all(pids: list[int]) -> dict[str, float]:
     """`cpu_by_role_of` summed over several processes (the camera groups of one run)."""
-    totals: dict[str, float] = {}
-    for pid in pids:
-        for role, seconds in cpu_by_role_of(pid).items():
-            totals[role] = totals.get(role, 0.0) + seconds
-    return totals
+    return _summed([item for pid in pids for item in cpu_by_role_of(pid).items()])
 
 
 def cores_by_role(before: dict[str, float], after: dict[str, float], wall_s: float, top: int = 12) -> dict[str, float]:
