@@ -1,4 +1,5 @@
-"""CPU per decoded frame on NVDEC under each of CUDA's wait modes (issue 25: at 160 cameras on the H200, PyNvVideoCodec's
+"""CPU per decoded frame on NVDEC under each of CUDA's wait modes (issue 25: at 160 cameras on the H200,
+PyNvVideoCodec's
 `Decode` was half of the camera groups' samples in py-spy, BENCHMARKS.md).
 
 Why: under CUDA's default scheduling (auto) a thread that waits for the GPU spins a core whenever the process has
@@ -103,7 +104,8 @@ def one_mode(mode: str, path: str, decoders: int, seconds: float) -> dict[str, o
         driver.cuInit(0)
         context = int(driver.cuDevicePrimaryCtxRetain(driver.CUdevice(0))[1])
     counts = [0] * decoders
-    threads = [threading.Thread(target=decode_paced, args=(path, seconds, context, counts, i, part)) for i in range(decoders)]
+    threads = [threading.Thread(target=decode_paced, args=(path, seconds, context, counts, i, part))
+               for i in range(decoders)]
     start_cpu, start = os.times(), time.monotonic()
     for thread in threads:
         thread.start()
