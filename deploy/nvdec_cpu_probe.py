@@ -1,6 +1,5 @@
 """CPU per decoded frame on NVDEC under each of CUDA's wait modes (issue 25: at 160 cameras on the H200,
-PyNvVideoCodec's
-`Decode` was half of the camera groups' samples in py-spy, BENCHMARKS.md).
+PyNvVideoCodec's `Decode` was half of the camera groups' samples in py-spy, BENCHMARKS.md).
 
 Why: under CUDA's default scheduling (auto) a thread that waits for the GPU spins a core whenever the process has
 fewer CUDA contexts than cores. A decoder waits for NVDEC (mapping a decoded picture) and for its colour conversion
