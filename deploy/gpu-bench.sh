@@ -3,7 +3,7 @@
 # onnxruntime-gpu there). Usage there, from the project root, with the prepared models/ and a copy of the test
 # videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | session-probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
 #  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | groups |
-#  groups-sweep | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | multi-gpu)
+#  groups-sweep | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
 set -uo pipefail
@@ -166,6 +166,7 @@ case "${1:-check}" in
         minix) opts="--cameras 32 --max-batch 64 --batch-step 2 --set emotion.model=mini_xception_fer2013" ;;
         interval3) opts="--cameras 32 --max-batch 64 --batch-step 2 --interval 3" ;;
         cams8) opts="--cameras 8 --max-batch 16 --batch-step 2" ;;
+        cams8step4) opts="--cameras 8 --max-batch 16 --batch-step 4" ;;
         mb32) opts="--cameras 32 --max-batch 32 --batch-step 2" ;;
         faces2048) opts="--cameras 32 --max-batch 64 --batch-step 2 --set inference.max_faces_per_run=2048" ;;
         cams8student) opts="--cameras 8 --max-batch 16 --batch-step 2 --set emotion.model=dlibface_student64" ;;
@@ -199,6 +200,20 @@ case "${1:-check}" in
     for cams in ${CAMS_LIST:-128 160}; do
       CAMS=$cams PROCS=$(( (cams + ${PER:-32} - 1) / ${PER:-32} )) INTERVAL=${INTERVAL:-3} TAG="_n${INTERVAL:-3}${MODEL:+_$MODEL}" \
         EXTRA="${MODEL:+--set emotion.model=$MODEL} ${EXTRA:-}" bash "$0" groups
+    done
+    ;;
+  waits)  # issue 25 round 9: how threads wait for the GPU (inference.gpu_wait) and tracking.pose_every, at CAMS (150)
+    # cameras in groups of PER (30), interval 3, MODEL (the student), one run per variant in VARIANTS, in that order
+    cams=${CAMS:-150}
+    for variant in ${VARIANTS:-spin block pose2}; do
+      case $variant in
+        spin|block|auto) set="--set inference.gpu_wait=$variant" ;;
+        pose2|pose3) set="--set inference.gpu_wait=block --set tracking.pose_every=${variant#pose}" ;;
+        *) echo "unknown variant $variant"; continue ;;
+      esac
+      echo "== waits $variant: $set"
+      CAMS=$cams PROCS=$(( (cams + ${PER:-30} - 1) / ${PER:-30} )) INTERVAL=3 TAG="_$variant" \
+        EXTRA="--set emotion.model=${MODEL:-dlibface_student64} $set ${EXTRA:-}" bash "$0" groups
     done
     ;;
   multi-gpu)  # issue 28 (a machine with several GPUs: nvidia-h200-x2 or larger): groups of PER (32) cameras spread

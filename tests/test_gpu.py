@@ -117,3 +117,17 @@ def test_cuda_lane_serves_two_input_sizes(prepared_models: None) -> None:
     cpu.close()
     assert faces >= len(frames) * 2  # woman2 shows her face: the comparison is not vacuous
     assert sessions_after == [2, 2]  # the second round reused both sizes' sessions
+
+
+def test_gpu_wait_sets_the_primary_context_flags() -> None:
+    """inference.gpu_wait reaches the driver: the primary context's scheduling flag reads back as set, before and
+    after the context is live (ONNX Runtime and NVDEC wait through it)."""
+    from pipeline.inference.gpu.cuda import CudaDevice, gpu_wait_of, set_gpu_wait
+
+    try:
+        assert set_gpu_wait("spin") and gpu_wait_of(0) == "spin"
+        CudaDevice.open(0)  # the runtime makes the primary context live
+        set_gpu_wait("block")
+        assert gpu_wait_of(0) == "block"
+    finally:
+        set_gpu_wait("block")

@@ -69,6 +69,12 @@ class TrackingConfig(StrictModel):
     max_age_s: float = Field(1.0, gt=0, description="A track not seen for this many seconds is dropped.")
     smoothing_half_life_ms: float = Field(300.0, ge=0, description="Half-life of the exponential smoothing of "
                                                                    "emotion probabilities; 0 = no smoothing.")
+    pose_every: int = Field(1, ge=1, le=30, description="Fit each tracked face's head pose on every Nth detection "
+                            "of it (1: every detection); in between the track keeps its last pose, as it does on "
+                            "frames without detection (detector.interval). A fit costs 0.1-0.3 ms of CPU per face "
+                            "(SQPnP): at 150 cameras on an H200 that was most of the camera workers' CPU, and 2 "
+                            "halves it; where a visitor looks then shows up to N - 1 detections later "
+                            "(BENCHMARKS.md, round 9).")
 
 
 class AvatarSection(AvatarSettings):

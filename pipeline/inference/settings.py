@@ -270,6 +270,14 @@ class InferenceConfig(StrictModel):
     memory_pattern: bool = Field(True, description="device cuda: ONNX Runtime's memory pattern (plans a run's "
                                  "activations and reserves them in one block). false: less GPU memory, somewhat "
                                  "slower runs (measure with bench memory).")
+    gpu_wait: Literal["block", "spin", "auto"] = Field("block", description="device cuda or tensorrt: how a "
+                                                      "thread waits for the GPU inside ONNX Runtime, TensorRT and "
+                                                      "NVDEC (results copied back, a decoded frame mapped). block: "
+                                                      "it sleeps until the GPU is done; spin: it busy-waits, a "
+                                                      "core each while the GPU works (microseconds sooner); auto: "
+                                                      "CUDA's own choice, which spins whenever the machine has "
+                                                      "more cores than CUDA contexts. Set on every GPU's primary "
+                                                      "context before the models load (BENCHMARKS.md, round 9).")
     gpu_memory_limit_mb: int = Field(0, ge=0, le=1_048_576, description="device cuda: the most memory ONNX "
                                      "Runtime's shared CUDA arena (every session of the process) may hold, in MB; "
                                      "0 = no cap. A run that needs more fails its batch (logged) instead of "

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import cv2
 
 from pipeline.capture.sources import configure_ffmpeg, open_source
+from pipeline.inference.gpu.cuda import CudaError, set_gpu_wait
 from pipeline.inference.perception import Analyzer
 from pipeline.inference.perception import load_perception as build_perception
 from pipeline.outputs.base import AvatarRoute
@@ -135,12 +136,25 @@ def limit_opencv_threads(cfg: AppConfig) -> None:
                  cfg.inference.device)
 
 
+def set_gpu_waits(cfg: AppConfig) -> None:
+    """With the models on a GPU, tell CUDA how the libraries' threads wait for it (inference.gpu_wait) before any
+    model loads. A machine whose driver cannot be reached keeps CUDA's default: loading the models then says why."""
+    if cfg.inference.device == "cpu" or cfg.inference.backend == "triton":
+        return
+    try:
+        ordinals = set_gpu_wait(cfg.inference.gpu_wait)
+    except CudaError as exc:
+        log.warning("GPU waits left to CUDA's default (spin on this machine): %s", exc)
+        return
+    log.info("GPU waits: %s on %d GPU(s)", cfg.inference.gpu_wait, len(ordinals))
+
+
 def new_tracker(cfg: AppConfig) -> IouTracker:
     """A camera's tracker; it follows faces between detections when the detector skips frames (detector.interval,
     on both frame paths; by their look too where the frames are on the host)."""
     t = cfg.tracking
     follow = cfg.detector.interval > 1
-    return IouTracker(t.iou_threshold, t.max_age_s, t.smoothing_half_life_ms, follow=follow)
+    return IouTracker(t.iou_threshold, t.max_age_s, t.smoothing_half_life_ms, follow=follow, pose_every=t.pose_every)
 
 
 def label_sinks(sinks: list[Sink]) -> list[tuple[str, Sink]]:

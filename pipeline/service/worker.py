@@ -64,6 +64,7 @@ class CameraWorker(threading.Thread):
         self._stop_event = stop
         self._frames_begun = zlib.crc32(capture.cfg.name.encode())  # the detection phase: staggered by name
         self._poses: dict[int, HeadPose | None] = {}  # each track's head pose at the last detection frame
+        self._detections = 0  # detection frames observed: tracking.pose_every counts them
 
     def run(self) -> None:
         name_native_thread()
@@ -149,11 +150,16 @@ class CameraWorker(threading.Thread):
     def _head_poses(self, frame: Frame, faces: list[Detection], ids: list[int],
                     followed: bool) -> list[HeadPose | None]:
         """Each face's head pose: fitted on a detection frame (and remembered per track), the track's last one on a
-        frame without detection (fitted only for a track that has none yet)."""
+        frame without detection; a track without a pose yet is always fitted. With tracking.pose_every N a track is
+        refitted on every Nth detection only, staggered by track id so that each detection fits about 1/N of the
+        faces."""
         hfov = self.capture.cfg.placement.hfov_deg
-        if not followed:
-            poses = [head_pose(face.landmarks, frame.size, hfov) for face in faces]
-            self._poses = dict(zip(ids, poses))  # only the tracks seen now: ended ones are dropped
-            return poses
-        return [self._poses[track_id] if track_id in self._poses else head_pose(face.landmarks, frame.size, hfov)
-                for face, track_id in zip(faces, ids)]
+        if followed:
+            return [self._poses[track_id] if track_id in self._poses else head_pose(face.landmarks, frame.size, hfov)
+                    for face, track_id in zip(faces, ids)]
+        self._detections += 1
+        every = self.tracker.pose_every
+        poses = [self._poses[track_id] if track_id in self._poses and (self._detections + track_id) % every
+                 else head_pose(face.landmarks, frame.size, hfov) for face, track_id in zip(faces, ids)]
+        self._poses = dict(zip(ids, poses))  # only the tracks seen now: ended ones are dropped
+        return poses

@@ -30,7 +30,7 @@ from pipeline.capture.sources import open_source
 from pipeline.capture.thread import CaptureThread
 from pipeline.inference.frames import FramePerception
 from pipeline.inference.perception import load_perception
-from pipeline.service.parts import limit_opencv_threads, new_tracker
+from pipeline.service.parts import limit_opencv_threads, new_tracker, set_gpu_waits
 from pipeline.service.worker import CameraWorker
 from pipeline.tools.bench_groups import host_memory_mb
 from pipeline.tools.bench_pipeline import bench_config, decoder_kind, parse_intervals, video_format
@@ -101,6 +101,7 @@ def bench_memory(args: argparse.Namespace) -> dict[str, Any]:
     steps = Steps()
     steps.mark("start")
     steps.mark("CUDA context", note=_cuda_context(cfg.inference.device))
+    set_gpu_waits(cfg)
     perception = load_perception(cfg)
     steps.mark("models loaded", note=cfg.emotion.model)
     device_frames = cfg.inference.graph_frames and cfg.inference.device == "cuda"

@@ -99,8 +99,9 @@ class IouTracker:
     (`_match_near`). Without it, matching is by overlap with each track's last box alone, as always."""
 
     def __init__(self, iou_threshold: float = 0.3, max_age_s: float = 1.0, half_life_ms: float = 300.0,
-                 follow: bool = False) -> None:
+                 follow: bool = False, pose_every: int = 1) -> None:
         self.follow = follow
+        self.pose_every = max(1, pose_every)  # tracking.pose_every: read by the camera worker that fits poses
         self.iou_threshold = iou_threshold
         self.max_age_s = max_age_s
         self.half_life_s = half_life_ms / 1000.0

@@ -19,6 +19,9 @@ cuMemcpyDtoDAsync called with ctypes.PyDLL, i.e. *holding* the GIL. Every cuda-p
 getting it back waits for whichever camera thread took it: 27 copies of one batch spent 12.5 ms (p50) getting the GIL
 back at 64 cameras on the H200, where the copies themselves take microseconds to queue (BENCHMARKS.md).
 
+`set_gpu_wait` (inference.gpu_wait, default block) makes the libraries' own waits (ONNX Runtime's, NVDEC's) sleep
+too: CUDA's default spins on any machine with more cores than contexts.
+
 Events are created with cudaEventBlockingSync: a thread waiting for its batch sleeps in the driver instead of
 spinning a CPU core, which with K lanes per model would be K cores taken from video decoding.
 
@@ -86,7 +89,7 @@ def load_runtime() -> Any:
 
 
 def _load_driver() -> Any:
-    """libcuda through ctypes.PyDLL (calls keep the GIL), with the signatures of the two functions used."""
+    """libcuda through ctypes.PyDLL (calls keep the GIL), with the signatures of the functions used."""
     global _driver
     if _driver is None:
         try:
@@ -97,6 +100,15 @@ def _load_driver() -> Any:
         driver.cuMemcpyDtoDAsync_v2.restype = ctypes.c_int
         driver.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
         driver.cuGetErrorName.restype = ctypes.c_int
+        driver.cuInit.argtypes = [ctypes.c_uint]
+        driver.cuDeviceGetCount.argtypes = [ctypes.POINTER(ctypes.c_int)]
+        driver.cuDeviceGet.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+        driver.cuDevicePrimaryCtxSetFlags_v2.argtypes = [ctypes.c_int, ctypes.c_uint]
+        driver.cuDevicePrimaryCtxGetState.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_uint),
+                                                      ctypes.POINTER(ctypes.c_int)]
+        for name in ("cuInit", "cuDeviceGetCount", "cuDeviceGet", "cuDevicePrimaryCtxSetFlags_v2",
+                     "cuDevicePrimaryCtxGetState"):
+            getattr(driver, name).restype = ctypes.c_int
         _driver = driver
     return _driver
 
@@ -106,6 +118,51 @@ def _driver_error(driver: Any, status: int) -> str:
     if driver.cuGetErrorName(status, ctypes.byref(name)) != 0 or not name.value:
         return f"CUDA driver error {status}"
     return name.value.decode()
+
+
+# How a thread waiting for the GPU behaves (CUDA's CU_CTX_SCHED_* flags of a context): inference.gpu_wait.
+GPU_WAIT_FLAGS = {"auto": 0, "spin": 1, "yield": 2, "block": 4}
+_SCHED_MASK = 0x7
+
+
+def _driver_call(driver: Any, status: int, call: str) -> None:
+    if status != 0:
+        raise CudaError(f"CUDA {call} failed: {_driver_error(driver, status)}")
+
+
+def set_gpu_wait(mode: str) -> list[int]:
+    """Make every visible GPU's primary context wait for the GPU as `mode` says (GPU_WAIT_FLAGS); the ordinals set.
+
+    Why: ONNX Runtime and NVDEC wait for the GPU through the primary context's scheduling flags, and CUDA's default
+    (auto) spins whenever a process has fewer contexts than the machine has cores, i.e. always here: each thread
+    waiting for a run or a decoded frame then burns a core for as long as the GPU works. Our own waits use
+    blocking-sync events already; this covers the libraries'. Call it before the models load: the driver lets a
+    live context's flags change, but they are meant to be set before the context is made."""
+    if mode not in GPU_WAIT_FLAGS:
+        raise CudaError(f"unknown GPU wait mode {mode!r}: one of {', '.join(GPU_WAIT_FLAGS)}")
+    driver = _load_driver()
+    _driver_call(driver, driver.cuInit(0), "cuInit (start the driver)")
+    count = ctypes.c_int()
+    _driver_call(driver, driver.cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount (count the GPUs)")
+    ordinals = list(range(count.value))
+    for ordinal in ordinals:
+        device = ctypes.c_int()
+        _driver_call(driver, driver.cuDeviceGet(ctypes.byref(device), ordinal), f"cuDeviceGet({ordinal})")
+        _driver_call(driver, driver.cuDevicePrimaryCtxSetFlags_v2(device, GPU_WAIT_FLAGS[mode]),
+                     f"cuDevicePrimaryCtxSetFlags (GPU {ordinal} waits: {mode})")
+    return ordinals
+
+
+def gpu_wait_of(ordinal: int = 0) -> str:
+    """How GPU `ordinal`'s primary context waits now (a GPU_WAIT_FLAGS key), as the driver reports it."""
+    driver = _load_driver()
+    _driver_call(driver, driver.cuInit(0), "cuInit (start the driver)")
+    device, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+    _driver_call(driver, driver.cuDeviceGet(ctypes.byref(device), ordinal), f"cuDeviceGet({ordinal})")
+    _driver_call(driver, driver.cuDevicePrimaryCtxGetState(device, ctypes.byref(flags), ctypes.byref(active)),
+                 f"cuDevicePrimaryCtxGetState({ordinal})")
+    by_flag = {flag: mode for mode, flag in GPU_WAIT_FLAGS.items()}
+    return by_flag.get(flags.value & _SCHED_MASK, f"flags {flags.value:#x}")
 
 
 def error_name(status: Any) -> str:

@@ -1,0 +1,44 @@
+"""inference.gpu_wait without a GPU: the daemon's start never fails on it (the models' loading says what is
+missing), and CPU inference leaves CUDA alone. tests/test_gpu.py checks the flags on a real GPU."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from pipeline.config.app import parse_config
+from pipeline.inference.gpu.cuda import CudaError, set_gpu_wait
+from pipeline.service.parts import set_gpu_waits
+
+CUDA_CONFIG = "cameras:\n  - {name: lobby, source: demo}\ninference:\n  device: cuda\n  gpu_wait: %s\n"
+
+
+def test_gpu_wait_defaults_to_block_and_refuses_other_words() -> None:
+    from pipeline.config.loader import ConfigError
+
+    assert parse_config("cameras:\n  - {name: lobby, source: demo}\n", "a.yaml", env={}).inference.gpu_wait == "block"
+    assert parse_config(CUDA_CONFIG % "spin", "a.yaml", env={}).inference.gpu_wait == "spin"
+    with pytest.raises(ConfigError, match=r"a\.yaml:5: inference\.gpu_wait: must be one of: block, spin, auto"):
+        parse_config(CUDA_CONFIG % "sleepy", "a.yaml", env={})
+
+
+def test_an_unknown_mode_is_refused_before_the_driver_is_touched() -> None:
+    with pytest.raises(CudaError, match="unknown GPU wait mode 'nap'"):
+        set_gpu_wait("nap")
+
+
+def test_the_start_goes_on_when_the_driver_cannot_be_reached(caplog: Any) -> None:
+    cfg = parse_config(CUDA_CONFIG % "block", "a.yaml", env={})
+    with caplog.at_level(logging.INFO, logger="pipeline.service.parts"):
+        set_gpu_waits(cfg)  # no libcuda here: a warning; on a GPU machine: set
+    said = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("GPU waits left to CUDA's default") or m.startswith("GPU waits: block on") for m in said)
+
+
+def test_cpu_inference_leaves_cuda_alone(caplog: Any) -> None:
+    cfg = parse_config("cameras:\n  - {name: lobby, source: demo}\n", "a.yaml", env={})
+    with caplog.at_level(logging.DEBUG, logger="pipeline.service.parts"):
+        set_gpu_waits(cfg)
+    assert not [r for r in caplog.records if "GPU waits" in r.getMessage()]
