@@ -76,7 +76,6 @@ from pipeline.service.parts import (
     new_tracker,
     open_all_sinks,
     open_camera_source,
-    set_gpu_waits,
     set_rtsp_transport,
     warn_if_events_unseen,
 )
@@ -182,7 +181,6 @@ class Daemon:
         groups = self.new_groups(self.cfg) if grouped else []
         self.groups = groups  # stopped by stop() whatever fails next
         if not grouped:
-            set_gpu_waits(self.cfg)
             self.perception = load_perception(self.cfg)
         self.sinks = open_all_sinks(self.cfg, self.hub, STOP_BUDGET["outputs"])
         self.bus = EventBus(self.sinks, self.history)

@@ -55,7 +55,6 @@ from pipeline.service.parts import (
     load_perception,
     new_tracker,
     open_camera_source,
-    set_gpu_waits,
     set_rtsp_transport,
     sized_for_cameras,
 )
@@ -268,7 +267,6 @@ def run_group(cfg: AppConfig, cameras: list[CameraConfig], out: Any, control: Co
     cfg = sized_for_cameras(cfg, len(cameras), "camera group")  # max_batch: what its cameras can fill
     set_rtsp_transport(cfg)
     limit_opencv_threads(cfg)
-    set_gpu_waits(cfg)
     try:
         perception = load_perception(cfg)
     except MODEL_ERRORS as exc:

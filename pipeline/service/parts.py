@@ -46,7 +46,8 @@ SYSTEMD_VARIABLES = ("INVOCATION_ID", "NOTIFY_SOCKET", "JOURNAL_STREAM")
 def load_perception(cfg: AppConfig) -> Analyzer:
     """The shared models for the configured frame path, sized for the enabled cameras (`sized_for_cameras`), loaded
     and warmed (a first frame then costs no lazy initialisation; the frame graphs path prepares each camera size when
-    first met); closed on failure."""
+    first met); closed on failure. The GPU waits are set first (`set_gpu_waits`), at start and at each reload."""
+    set_gpu_waits(cfg)
     perception = build_perception(sized_for_cameras(cfg, len(enabled_cameras(cfg)), "daemon"))
     try:
         perception.warm_up()
