@@ -44,24 +44,28 @@ class EmotionClassifier:
         return [self.model.submit(crop) for crop in crops]
 
     def scores(self, outputs: dict[str, np.ndarray]) -> EmotionScores:
-        return EmotionScores(normalised(outputs[self._output][None], self._order, pairs=False)[0])
+        return EmotionScores(normalised(outputs[self._output][None], self._order)[0])
 
-    def classify(self, crops: Sequence[np.ndarray], timeout: float = 10.0) -> list[EmotionScores]:
-        """Submit every crop at once (they batch together) and wait for all; with flip, each crop's mirror image goes
-        in the same batch and the two probability vectors are averaged."""
-        mirrors = [np.ascontiguousarray(crop[:, ::-1]) for crop in crops] if self.flip else []
+    def classify(self, crops: Sequence[np.ndarray], timeout: float = 10.0,
+                 flip: bool | None = None) -> list[EmotionScores]:
+        """Submit every crop at once (they batch together) and wait for all; with flip (the classifier's own unless
+        `flip` says), each crop's mirror image goes in the same batch and the two probability vectors are averaged."""
+        flip = self.flip if flip is None else flip
+        mirrors = [np.ascontiguousarray(crop[:, ::-1]) for crop in crops] if flip else []
         rows = [f.result(timeout=timeout)[self._output] for f in self.submit([*crops, *mirrors])]
         if not rows:
             return []
-        return [EmotionScores(row) for row in normalised(np.stack(rows), self._order, pairs=self.flip)]
+        return [EmotionScores(row) for row in normalised(np.stack(rows), self._order, len(mirrors))]
 
 
-def normalised(probs: np.ndarray, order: np.ndarray, pairs: bool) -> np.ndarray:
-    """Classifier rows → probabilities in EMOTIONS order, each row summing to 1. `pairs`: the second half of the
-    rows are the first half's mirror images (emotion.flip), averaged with them. One formula for both frame paths
-    (the frame graphs path normalises a whole batch at once)."""
+def normalised(probs: np.ndarray, order: np.ndarray, mirrored: int = 0) -> np.ndarray:
+    """Classifier rows → probabilities in EMOTIONS order, each row summing to 1. `mirrored`: the last that many rows
+    are the mirror images of the first that many (emotion.flip), averaged with them and dropped. One formula for
+    both frame paths (the frame graphs path normalises a whole batch at once, where only some faces may be mirrored:
+    emotion.flip_followed)."""
     ordered = np.asarray(probs, np.float32)[:, order]
-    if pairs:
-        half = len(ordered) // 2
-        ordered = (ordered[:half] + ordered[half:]) * np.float32(0.5)  # exact, as / 2, and stays float32
+    if mirrored:
+        body = ordered[:-mirrored].copy()
+        body[:mirrored] = (body[:mirrored] + ordered[-mirrored:]) * np.float32(0.5)  # exact, as / 2, float32
+        ordered = body
     return ordered / np.maximum(ordered.sum(axis=1, keepdims=True), 1e-9)

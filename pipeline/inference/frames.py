@@ -275,14 +275,14 @@ class FrameEngine:
                               (fmt.width, fmt.height), self._detector.min_face_px, self._detector.max_faces)
         kept = joined(detected, given_faces([item.faces for item in tracked]))
         matrices, frame_index = self._crop_matrices(kept)
-        count = len(matrices)
-        if self._emotion.flip and count:  # each face's mirror image in the same run (emotion.flip)
-            matrices = np.concatenate([matrices, mirrored(matrices, self._crop_size[0])])
-            frame_index = np.concatenate([frame_index, frame_index])
+        flips = self._mirrored_count(len(matrices), len(detected.frame))
+        if flips:  # those faces' mirror images in the same run (emotion.flip; detected faces come first)
+            matrices = np.concatenate([matrices, mirrored(matrices[:flips], self._crop_size[0])])
+            frame_index = np.concatenate([frame_index, frame_index[:flips]])
         t2 = time.monotonic()
         probs = self._classify(runner, fmt, matrices, frame_index)
         t3 = time.monotonic()
-        emotions = normalised(probs, self._order, pairs=self._emotion.flip and count > 0)
+        emotions = normalised(probs, self._order, flips)
         results: list[FrameResult | None] = [None] * len(items)
         for position, index in enumerate(order):
             rows_of = kept.rows(position)
@@ -291,6 +291,13 @@ class FrameEngine:
             results[index] = FrameResult(kept.boxes[rows_of], kept.scores[rows_of], kept.landmarks[rows_of],
                                          emotions[rows_of], timings)
         return results  # type: ignore[return-value]
+
+    def _mirrored_count(self, faces: int, detected: int) -> int:
+        """How many of a batch's faces (the `detected` ones first, then the followed ones) are also read mirrored:
+        none without emotion.flip, the detected ones only without emotion.flip_followed."""
+        if not self._emotion.flip:
+            return 0
+        return faces if self._emotion.flip_followed else detected
 
     def _classify(self, runner: FrameLane, fmt: FrameFormat, matrices: np.ndarray,
                   frame_index: np.ndarray) -> np.ndarray:

@@ -115,6 +115,7 @@ class Perception:
     classifier: EmotionClassifier
     frames_in_flight: int = 1  # a frame is analysed on the camera's thread, detector then classifier
     interval: int = 1  # detector.interval: the frames between take their faces from the camera's tracker
+    flip_followed: bool = True  # emotion.flip_followed: mirror the faces of frames without detection too
 
     @classmethod
     def from_config(cls, cfg: PerceptionSettings, auto_prepare: bool = True) -> Perception:
@@ -124,7 +125,8 @@ class Perception:
         emotion_model = load_batched_model(emo_manifest, cfg.inference, auto_prepare)
         return cls(FaceDetector(detector_model, cfg.detector),
                    EmotionClassifier(emotion_model, emo_manifest, cfg.emotion.crop, cfg.emotion.box_margin,
-                                     cfg.emotion.flip), interval=cfg.detector.interval)
+                                     cfg.emotion.flip), interval=cfg.detector.interval,
+                   flip_followed=cfg.emotion.flip_followed)
 
     def models(self) -> list[tuple[str, BatchedModel]]:
         """Each shared model by role, for status and metrics."""
@@ -159,7 +161,7 @@ class Perception:
 
     def begin_tracked(self, image: FrameImage, faces: list[Detection]) -> PendingAnalysis:
         """A frame without detection (detector.interval): the emotions of the faces the tracker expects, now."""
-        return finished(self.classify_faces(_on_host(image), faces, 0.0))
+        return finished(self.classify_faces(_on_host(image), faces, 0.0, followed=True))
 
     def analyze(self, image: FrameImage) -> Analysis:
         """Faces and their emotions in one BGR image, with per-stage times in ms (queue time included)."""
@@ -168,12 +170,15 @@ class Perception:
         faces = self.detector.detect(host, RESULT_TIMEOUT_S)
         return self.classify_faces(host, faces, (time.monotonic() - t0) * 1e3)
 
-    def classify_faces(self, image: np.ndarray, faces: list[Detection], detect_ms: float) -> Analysis:
-        """Crop and classify `faces` of `image`; the timings with the detector's `detect_ms`."""
+    def classify_faces(self, image: np.ndarray, faces: list[Detection], detect_ms: float,
+                       followed: bool = False) -> Analysis:
+        """Crop and classify `faces` of `image`; the timings with the detector's `detect_ms`. `followed`: a frame
+        without detection, whose faces are mirrored only with emotion.flip_followed."""
         t1 = time.monotonic()
         crops = [self.classifier.face_crop(image, face) for face in faces]
         t2 = time.monotonic()
-        scores = self.classifier.classify(crops, RESULT_TIMEOUT_S) if crops else []
+        flip = self.classifier.flip and (self.flip_followed or not followed)
+        scores = self.classifier.classify(crops, RESULT_TIMEOUT_S, flip) if crops else []
         t3 = time.monotonic()
         timings = {"detect": detect_ms, "crop": (t2 - t1) * 1e3, "emotion": (t3 - t2) * 1e3}
         return faces, scores, timings

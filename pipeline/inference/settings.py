@@ -134,6 +134,10 @@ class EmotionConfig(StrictModel):
     flip: bool = Field(True, description="Test-time flip: classify each face and its mirror image in the same "
                                          "batch and average the two. Twice the classifier work (+0.75 ms per face "
                                          "on 2 CPU cores); more right answers on faces/wild (12 fixed, 4 broken).")
+    flip_followed: bool = Field(True, description="With flip and detector.interval > 1: mirror the faces of frames "
+                                "without detection too. false reads them once (detection frames still read both), "
+                                "a third less emotion work at interval 3; each track's smoothing averages over "
+                                "frames anyway (BENCHMARKS.md, 'Followed faces read once').")
 
 
 class TritonModelRef(StrictModel):

@@ -128,7 +128,7 @@ def compare_intervals(perception: Perception, frames: list[np.ndarray], fps: flo
         else:
             predicted = skipping.predict(now, frame)
             own_ids, own_faces = [i for i, _ in predicted], [f for _, f in predicted]
-            own_scores = perception.classify_faces(frame, own_faces, 0.0)[1]
+            own_scores = perception.classify_faces(frame, own_faces, 0.0, followed=True)[1]
         result.cpu_s["interval"] += time.process_time() - started
         smoothed = _smoothed(skipping, own_ids, own_scores, now)
         if result.ceiling is not None and ceiling is not None:
