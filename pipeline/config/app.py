@@ -72,8 +72,8 @@ class TrackingConfig(StrictModel):
     pose_every: int = Field(1, ge=1, le=30, description="Fit each tracked face's head pose on every Nth detection "
                             "of it (1: every detection); in between the track keeps its last pose, as it does on "
                             "frames without detection (detector.interval). A fit costs 0.1-0.3 ms of CPU per face "
-                            "(SQPnP): at 150 cameras on an H200 that was most of the camera workers' CPU, and 2 "
-                            "halves it; where a visitor looks then shows up to N - 1 detections later "
+                            "(SQPnP): at 150 cameras on an H200, 2 took 0.3-0.5 of the camera workers' 1.9-2.6 "
+                            "cores; where a visitor looks then shows up to N - 1 detections later "
                             "(BENCHMARKS.md, round 9).")
 
 

@@ -138,14 +138,15 @@ def limit_opencv_threads(cfg: AppConfig) -> None:
 
 
 def set_gpu_waits(cfg: AppConfig) -> None:
-    """With the models on a GPU, tell CUDA how the libraries' threads wait for it (inference.gpu_wait) before any
-    model loads. A machine whose driver cannot be reached keeps CUDA's default: loading the models then says why."""
-    if cfg.inference.device == "cpu" or cfg.inference.backend == "triton":
+    """With a GPU in use (inference.device, which also sends `decode: auto` cameras to NVDEC), tell CUDA how the
+    libraries' threads wait for it (inference.gpu_wait) before any model loads. A machine whose driver cannot be
+    reached keeps CUDA's default: loading the models then says why."""
+    if cfg.inference.device == "cpu":
         return
     try:
         ordinals = set_gpu_wait(cfg.inference.gpu_wait)
     except CudaError as exc:
-        log.warning("GPU waits left to CUDA's default (spin on this machine): %s", exc)
+        log.warning("GPU waits left to CUDA's default (auto: a waiting thread spins): %s", exc)
         return
     log.info("GPU waits: %s on %d GPU(s)", cfg.inference.gpu_wait, len(ordinals))
 

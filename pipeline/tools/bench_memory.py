@@ -100,8 +100,8 @@ def bench_memory(args: argparse.Namespace) -> dict[str, Any]:
     cfg = bench_config(args, naive=False, interval=interval)
     steps = Steps()
     steps.mark("start")
+    set_gpu_waits(cfg)  # as the daemon does, before the context is made
     steps.mark("CUDA context", note=_cuda_context(cfg.inference.device))
-    set_gpu_waits(cfg)
     perception = load_perception(cfg)
     steps.mark("models loaded", note=cfg.emotion.model)
     device_frames = cfg.inference.graph_frames and cfg.inference.device == "cuda"
