@@ -114,11 +114,19 @@ def test_status_page_shows_live_tiles(prepared_models: None, tmp_path: Path,
             "no recent command on the page"
 
         def lobby_visitors() -> list[str]:
-            rows = browser.find_elements(By.CSS_SELECTOR, '#visitors tbody tr[data-camera="lobby"]')
-            return [cell.text for cell in rows[0].find_elements(By.TAG_NAME, "td")] if rows else []
+            from selenium.common.exceptions import StaleElementReferenceException
+
+            try:  # the table is redrawn every second: a row found may be replaced before it is read
+                rows = browser.find_elements(By.CSS_SELECTOR, '#visitors tbody tr[data-camera="lobby"]')
+                return [cell.text for cell in rows[0].find_elements(By.TAG_NAME, "td")] if rows else []
+            except StaleElementReferenceException:
+                return []
+
+        def visitor_seen_and_looked_at() -> bool:  # one reading of the row, checked whole
+            row = lobby_visitors()
+            return len(row) == 4 and int(row[1]) >= 1 and row[3].endswith("%")
         # the clip's face is a visitor once tracked for arrive_frames; the share of time looked at follows its pose
-        assert wait_until(lambda: len(lobby_visitors()) == 4 and int(lobby_visitors()[1]) >= 1
-                          and lobby_visitors()[3].endswith("%"), 30), lobby_visitors()
+        assert wait_until(visitor_seen_and_looked_at, 30), lobby_visitors()
         request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
                                          headers={"Authorization": f"Bearer {TOKEN}"})
         with urllib.request.urlopen(request, timeout=10) as response:
