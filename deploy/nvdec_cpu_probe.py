@@ -11,8 +11,8 @@ primary context handed to PyNvVideoCodec explicitly, in case it would otherwise 
 
 `--calls` times each `Decode` call (wall clock and the calling thread's own CPU time) at 1, 8 and 64 decoders, in
 LOW latency (what NvdecSource uses) and NATIVE (NVIDIA's default, up to 4 frames held): if the CPU a call takes grows
-with the load on NVDEC and tracks its wall time, the thread is busy-waiting for the engine while it holds the GIL
-(PyNvVideoCodec's `Decode` keeps it: BENCHMARKS.md, "Who holds the GIL"); if it stays flat, it is parsing work.
+with the load on NVDEC and tracks its wall time, the thread is busy-waiting for the engine; if it stays flat, it is
+parsing work (BENCHMARKS.md, round 8, has what it found: `Decode` gives the GIL away while it waits).
 
 `--parts` splits the same load by step instead (all under auto): demux (packets read, nothing decoded), nv12 (decoded,
 NVDEC's own NV12 surface), rgb (decoded and converted to RGB, as NvdecSource does) and rgb+copy (each frame also copied
