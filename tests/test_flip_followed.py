@@ -1,23 +1,36 @@
-"""emotion.flip_followed: with test-time flip, faces on frames without detection (detector.interval) are read once
-when it is false, mirrored and averaged when it is true; detection frames always read both. Real models on real
-frames, on both frame paths (the frame graphs on ONNX Runtime's CPU provider)."""
+"""emotion.flip_followed: with test-time flip, how the faces of frames without detection (detector.interval) are read:
+true = with their mirror images and averaged, false = once as they are, alternate (the default) = once, as they are
+and mirrored on alternate followed frames of a camera; detection frames always read both. Real models on real
+frames, on both frame paths (the frame graphs on ONNX Runtime's CPU provider) and through a real camera worker."""
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
+from pipeline.capture.settings import CameraConfig
+from pipeline.capture.thread import CaptureThread
+from pipeline.core.types import Frame
+from pipeline.inference.classifier import followed_read
 from pipeline.inference.frames import FramePerception, frame_format
 from pipeline.inference.perception import Perception, load_perception
+from pipeline.service.worker import CameraWorker
+from pipeline.vision.track import IouTracker
 from tests.conftest import data_path
 from tests.test_frames_path import _frames, _graph_config
 
 
-def _without_flip_followed(config: Any) -> Any:
-    return config.model_copy(update={"emotion": config.emotion.model_copy(update={"flip_followed": False})})
+def _flip_followed(config: Any, value: bool | str) -> Any:
+    return config.model_copy(update={"emotion": config.emotion.model_copy(update={"flip_followed": value})})
+
+
+def _probs(scores: list[Any]) -> np.ndarray:
+    return np.array([s.probs for s in scores])
 
 
 @pytest.fixture(scope="module")
@@ -26,39 +39,88 @@ def frame() -> Any:
 
 
 @pytest.fixture(scope="module")
-def reads(perception: Perception, frame: Any) -> tuple[Any, np.ndarray, np.ndarray]:
-    """The frame's faces, and each face read once and read with its mirror (the OpenCV path's classifier)."""
+def reads(perception: Perception, frame: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
+    """The frame's faces, and each face read once, read as its mirror image only, and read both ways (averaged),
+    by the OpenCV path's classifier."""
     faces, _, _ = perception.analyze(frame)
     crops = [perception.classifier.face_crop(frame, face) for face in faces]
-    once = np.array([s.probs for s in perception.classifier.classify(crops, flip=False)])
-    both = np.array([s.probs for s in perception.classifier.classify(crops, flip=True)])
+    once = _probs(perception.classifier.classify(crops, flip=False))
+    mirror = _probs(perception.classifier.classify([np.ascontiguousarray(c[:, ::-1]) for c in crops], flip=False))
+    both = _probs(perception.classifier.classify(crops, flip=True))
     assert len(faces) >= 3 and np.abs(once - both).max() > 0.05  # mirroring changes these faces' reads
-    return faces, once, both
+    np.testing.assert_allclose(both, (once + mirror) / 2, atol=1e-5)
+    return faces, once, mirror, both
 
 
-def test_opencv_path_reads_followed_faces_once_without_flip_followed(prepared_models: None, app_config: Any,
-                                                                     frame: Any, reads: Any) -> None:
-    faces, once, both = reads
-    assert app_config.emotion.flip and app_config.emotion.flip_followed
-    lean = Perception.from_config(_without_flip_followed(app_config))
+def test_followed_read_by_setting_and_turn() -> None:
+    assert [followed_read(True, "alternate", turn) for turn in range(4)] == ["once", "mirror", "once", "mirror"]
+    assert {followed_read(True, True, turn) for turn in range(3)} == {"both"}
+    assert {followed_read(True, False, turn) for turn in range(3)} == {"once"}
+    assert {followed_read(False, value, 1) for value in (True, False, "alternate")} == {"once"}
+
+
+def test_config_accepts_true_false_and_alternate(app_config: Any) -> None:
+    from pipeline.config.app import AppConfig
+
+    assert app_config.emotion.flip and app_config.emotion.flip_followed == "alternate"  # the default
+    data = app_config.model_dump()
+    for value in (True, False, "alternate"):
+        data["emotion"]["flip_followed"] = value
+        assert AppConfig.model_validate(data).emotion.flip_followed == value
+    data["emotion"]["flip_followed"] = "sometimes"
+    with pytest.raises(ValueError, match="flip_followed"):
+        AppConfig.model_validate(data)
+
+
+def test_opencv_path_alternates_followed_reads_by_default(perception: Perception, frame: Any, reads: Any) -> None:
+    faces, once, mirror, both = reads
+    for turn, expected in ((0, once), (1, mirror), (2, once), (3, mirror)):
+        np.testing.assert_allclose(_probs(perception.begin_tracked(frame, faces, turn).result()[1]), expected,
+                                   atol=1e-5)
+    np.testing.assert_allclose(_probs(perception.analyze(frame)[1]), both, atol=1e-5)  # detection: both ways
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_opencv_path_reads_followed_faces_as_set(prepared_models: None, app_config: Any, frame: Any, reads: Any,
+                                                 value: bool) -> None:
+    faces, once, _, both = reads
+    other = Perception.from_config(_flip_followed(app_config, value))
     try:
-        followed = lean.begin_tracked(frame, faces).result()[1]
-        detected = lean.analyze(frame)[1]
+        followed = [_probs(other.begin_tracked(frame, faces, turn).result()[1]) for turn in (0, 1)]
+        detected = _probs(other.analyze(frame)[1])
     finally:
-        lean.close()
-    np.testing.assert_allclose([s.probs for s in followed], once, atol=1e-5)
-    np.testing.assert_allclose([s.probs for s in detected], both, atol=1e-5)
+        other.close()
+    for probs in followed:
+        np.testing.assert_allclose(probs, both if value else once, atol=1e-5)
+    np.testing.assert_allclose(detected, both, atol=1e-5)
 
 
-def test_opencv_path_mirrors_followed_faces_by_default(perception: Perception, frame: Any, reads: Any) -> None:
-    faces, _, both = reads
-    np.testing.assert_allclose([s.probs for s in perception.begin_tracked(frame, faces).result()[1]], both,
-                               atol=1e-5)
+@pytest.fixture(scope="module")
+def graph(prepared_models: None, app_config: Any, frame: Any) -> Iterator[FramePerception]:
+    perception = load_perception(_graph_config(app_config))
+    if not isinstance(perception, FramePerception):
+        raise TypeError(f"frame_path graph gave {type(perception).__name__}")
+    perception.prepare(frame_format(frame))
+    yield perception
+    perception.close()
+
+
+def test_graph_path_alternates_followed_reads_in_a_mixed_batch(graph: FramePerception, frame: Any,
+                                                               reads: Any) -> None:
+    """A detected frame and two followed ones (turns 0 and 1) in the same batch: the detected faces are read both
+    ways, the first followed frame's as they are, the second's mirrored; all agree with the OpenCV path's reads."""
+    faces, once, mirror, both = reads
+    pending = [graph.begin(frame), graph.begin_tracked(frame, faces, 0), graph.begin_tracked(frame, faces, 1)]
+    detected, first, second = (_probs(p.result()[1]) for p in pending)
+    np.testing.assert_allclose(first, once, atol=0.02)
+    np.testing.assert_allclose(second, mirror, atol=0.02)
+    np.testing.assert_allclose(detected, both, atol=0.02)
+    assert np.abs(first - second).max() > 0.05
 
 
 @pytest.fixture(scope="module")
 def lean_graph(prepared_models: None, app_config: Any, frame: Any) -> Iterator[FramePerception]:
-    perception = load_perception(_graph_config(_without_flip_followed(app_config)))
+    perception = load_perception(_graph_config(_flip_followed(app_config, False)))
     if not isinstance(perception, FramePerception):
         raise TypeError(f"frame_path graph gave {type(perception).__name__}")
     perception.prepare(frame_format(frame))
@@ -68,13 +130,36 @@ def lean_graph(prepared_models: None, app_config: Any, frame: Any) -> Iterator[F
 
 def test_graph_path_reads_followed_faces_once_in_a_mixed_batch(lean_graph: FramePerception, frame: Any,
                                                                reads: Any) -> None:
-    """A detected frame and a followed one in the same batch: the detected faces are mirrored, the followed ones
-    (given the same faces) are not; both agree with the OpenCV path's reads."""
-    faces, once, both = reads
-    detected_pending = lean_graph.begin(frame)
-    followed_pending = lean_graph.begin_tracked(frame, faces)
-    detected = np.array([s.probs for s in detected_pending.result()[1]])
-    followed = np.array([s.probs for s in followed_pending.result()[1]])
-    np.testing.assert_allclose(followed, once, atol=0.02)
+    """flip_followed false: a detected frame and followed ones in the same batch: the detected faces are mirrored,
+    the followed ones (given the same faces) are not, whatever their turn."""
+    faces, once, _, both = reads
+    pending = [lean_graph.begin(frame), lean_graph.begin_tracked(frame, faces, 0),
+               lean_graph.begin_tracked(frame, faces, 1)]
+    detected, first, second = (_probs(p.result()[1]) for p in pending)
+    np.testing.assert_allclose(first, once, atol=0.02)
+    np.testing.assert_allclose(second, once, atol=0.02)
     np.testing.assert_allclose(detected, both, atol=0.02)
-    assert np.abs(followed - detected).max() > 0.05
+
+
+def test_a_camera_worker_alternates_its_followed_frames(perception: Perception) -> None:
+    """The worker counts its camera's frames without detection and hands each its turn: on real consecutive frames
+    at interval 3 each followed frame's emotions are those of its turn's read, not of the next turn's."""
+    images = _frames(data_path("video", "group_1080p.mp4"), 8, 1)
+    every_third = dataclasses.replace(perception, interval=3)  # the same models
+    stop = threading.Event()
+    capture = CaptureThread(CameraConfig(name="lobby", source="demo"), stop, lambda _event: None)
+    worker = CameraWorker(capture, every_third, IouTracker(follow=True), lambda _obs: None, stop)
+    turn = 0
+    for index, image in enumerate(images):
+        frame = Frame("lobby", index, image, index * 0.04, 0.0)
+        pending, tracked = worker._begin(frame)
+        assert pending is not None
+        faces, scores, timings = pending.result()
+        if tracked is not None and faces:
+            own = every_third.classify_faces(image, faces, 0.0, followed=True, turn=turn)[1]
+            next_turn = every_third.classify_faces(image, faces, 0.0, followed=True, turn=turn + 1)[1]
+            np.testing.assert_allclose(_probs(scores), _probs(own), atol=1e-5)
+            assert np.abs(_probs(scores) - _probs(next_turn)).max() > 1e-3
+        turn += tracked is not None
+        worker.observe(frame, faces, scores, timings, tracked)
+    assert turn >= 4

@@ -48,7 +48,10 @@ def _graph_config(app_config: Any, device: str = "cpu", lanes: int = 1) -> Any:
 
 @pytest.fixture(scope="module")
 def graph_perception(prepared_models: None, app_config: Any) -> Iterator[FramePerception]:
-    perception = load_perception(_graph_config(app_config))
+    """Followed faces read both ways here (emotion.flip_followed: true), as detected ones: a followed frame given the
+    detected faces must then read the same emotions (tests/test_flip_followed.py: the other settings)."""
+    both_ways = app_config.emotion.model_copy(update={"flip_followed": True})
+    perception = load_perception(_graph_config(app_config.model_copy(update={"emotion": both_ways})))
     if not isinstance(perception, FramePerception):
         raise TypeError(f"frame_path graph gave {type(perception).__name__}")
     yield perception

@@ -355,8 +355,9 @@ def _yaml_kind(value: object) -> str:
 
 
 def _quoted_list(text: str) -> str:
-    """`"'a', 'b' or 'c'"` (pydantic's wording) → `a, b, c`."""
-    return ", ".join(re.findall(r"'([^']*)'", text))
+    """`"'a', 'b' or 'c'"` or `"True, False or 'c'"` (pydantic's wording) → `a, b, c` / `true, false, c` (booleans
+    as YAML writes them)."""
+    return ", ".join(quoted or plain.lower() for quoted, plain in re.findall(r"'([^']*)'|\b(True|False)\b", text))
 
 
 def _message(error: Mapping[str, Any], root: type[BaseModel], path: Loc, data: Any) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Future
+from typing import Literal
 
 import numpy as np
 
@@ -56,6 +57,23 @@ class EmotionClassifier:
         if not rows:
             return []
         return [EmotionScores(row) for row in normalised(np.stack(rows), self._order, len(mirrors))]
+
+
+FollowedRead = Literal["both", "once", "mirror"]
+
+
+def followed_read(flip: bool, flip_followed: bool | str, turn: int) -> FollowedRead:
+    """How the faces of a camera's `turn`th frame without detection are read (emotion.flip, emotion.flip_followed):
+    with their mirror images and averaged (both), once as they are, or once mirrored.
+
+    Why alternate: a track's smoothing averages its reads over ~300 ms, so reading the faces as they are on one
+    followed frame and mirrored on the next gives the smoothed emotion both views for the cost of one read a frame
+    (bench interval: the same agreement with every-frame detection as `both` on one face, BENCHMARKS.md)."""
+    if not flip:
+        return "once"
+    if flip_followed is True:
+        return "both"
+    return "mirror" if flip_followed == "alternate" and turn % 2 else "once"
 
 
 def normalised(probs: np.ndarray, order: np.ndarray, mirrored: int = 0) -> np.ndarray:

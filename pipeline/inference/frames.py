@@ -36,7 +36,7 @@ import onnx
 from pipeline.core.types import Detection, FrameImage
 from pipeline.inference.backend import BackendError
 from pipeline.inference.batching import BatchedModel
-from pipeline.inference.classifier import normalised
+from pipeline.inference.classifier import followed_read, normalised
 from pipeline.inference.format_gate import FormatGate
 from pipeline.inference.frame_faces import (
     FrameResult,
@@ -79,6 +79,7 @@ class TrackedFrame:
 
     image: FrameImage
     faces: list[Detection]
+    turn: int = 0  # the camera's frames without detection before this one (emotion.flip_followed: alternate)
 
 
 def frame_image(item: FrameImage | TrackedFrame) -> FrameImage:
@@ -275,6 +276,9 @@ class FrameEngine:
                               (fmt.width, fmt.height), self._detector.min_face_px, self._detector.max_faces)
         kept = joined(detected, given_faces([item.faces for item in tracked]))
         matrices, frame_index = self._crop_matrices(kept)
+        alone = self._mirrored_alone(kept, tracked, rows)
+        if len(alone):  # followed faces read only as their mirror images (emotion.flip_followed: alternate)
+            matrices[alone] = mirrored(matrices[alone], self._crop_size[0])
         flips = self._mirrored_count(len(matrices), len(detected.frame))
         if flips:  # those faces' mirror images in the same run (emotion.flip; detected faces come first)
             matrices = np.concatenate([matrices, mirrored(matrices[:flips], self._crop_size[0])])
@@ -294,10 +298,18 @@ class FrameEngine:
 
     def _mirrored_count(self, faces: int, detected: int) -> int:
         """How many of a batch's faces (the `detected` ones first, then the followed ones) are also read mirrored:
-        none without emotion.flip, the detected ones only without emotion.flip_followed."""
+        none without emotion.flip, the detected ones only unless emotion.flip_followed is true."""
         if not self._emotion.flip:
             return 0
-        return faces if self._emotion.flip_followed else detected
+        return faces if self._emotion.flip_followed is True else detected
+
+    def _mirrored_alone(self, kept: KeptFaces, tracked: list[TrackedFrame], first: int) -> np.ndarray:
+        """The rows of `kept` (the batch's faces; the tracked frames' from position `first` on) that are read as
+        their mirror images instead of as they are: the faces of followed frames whose turn says so."""
+        flip, flip_followed = self._emotion.flip, self._emotion.flip_followed
+        spans = [kept.rows(first + position) for position, item in enumerate(tracked)
+                 if followed_read(flip, flip_followed, item.turn) == "mirror"]
+        return np.concatenate([np.arange(span.start, span.stop) for span in spans]) if spans else np.zeros(0, int)
 
     def _classify(self, runner: FrameLane, fmt: FrameFormat, matrices: np.ndarray,
                   frame_index: np.ndarray) -> np.ndarray:
@@ -368,10 +380,11 @@ class FramePerception:
         while its frame size is being prepared (started by the first frame of that size)."""
         return self._submit(image)
 
-    def begin_tracked(self, image: FrameImage, faces: list[Detection]) -> PendingAnalysis:
+    def begin_tracked(self, image: FrameImage, faces: list[Detection], turn: int = 0) -> PendingAnalysis:
         """A frame without detection (detector.interval): batched with the other cameras' frames like any frame, but
-        the detector graph skips it and the classifier graph reads `faces` (the tracker's) in it."""
-        return self._submit(TrackedFrame(image, faces))
+        the detector graph skips it and the classifier graph reads `faces` (the tracker's) in it, as its `turn`
+        says (the camera's frames without detection before it: emotion.flip_followed)."""
+        return self._submit(TrackedFrame(image, faces, turn))
 
     def _submit(self, item: FrameImage | TrackedFrame) -> PendingAnalysis:
         self._formats.admit(frame_format(item))

@@ -23,7 +23,7 @@ from pipeline.inference.backend import (
     runner_health,
 )
 from pipeline.inference.batching import BatchedModel
-from pipeline.inference.classifier import EmotionClassifier
+from pipeline.inference.classifier import EmotionClassifier, followed_read
 from pipeline.inference.detector import FaceDetector
 from pipeline.inference.frames import FramePerception, load_frame_perception
 from pipeline.inference.pending import Analysis, PendingAnalysis, finished
@@ -61,7 +61,7 @@ class Analyzer(Protocol):
 
     def begin(self, image: FrameImage) -> PendingAnalysis: ...
 
-    def begin_tracked(self, image: FrameImage, faces: list[Detection]) -> PendingAnalysis: ...
+    def begin_tracked(self, image: FrameImage, faces: list[Detection], turn: int = 0) -> PendingAnalysis: ...
 
     def models(self) -> list[tuple[str, BatchedModel]]: ...
 
@@ -115,7 +115,7 @@ class Perception:
     classifier: EmotionClassifier
     frames_in_flight: int = 1  # a frame is analysed on the camera's thread, detector then classifier
     interval: int = 1  # detector.interval: the frames between take their faces from the camera's tracker
-    flip_followed: bool = True  # emotion.flip_followed: mirror the faces of frames without detection too
+    flip_followed: bool | str = "alternate"  # emotion.flip_followed: how faces of frames without detection are read
 
     @classmethod
     def from_config(cls, cfg: PerceptionSettings, auto_prepare: bool = True) -> Perception:
@@ -159,9 +159,10 @@ class Perception:
         """The OpenCV path analyses the frame now (its letterbox and crops run on the calling thread)."""
         return finished(self.analyze(image))
 
-    def begin_tracked(self, image: FrameImage, faces: list[Detection]) -> PendingAnalysis:
-        """A frame without detection (detector.interval): the emotions of the faces the tracker expects, now."""
-        return finished(self.classify_faces(_on_host(image), faces, 0.0, followed=True))
+    def begin_tracked(self, image: FrameImage, faces: list[Detection], turn: int = 0) -> PendingAnalysis:
+        """A frame without detection (detector.interval): the emotions of the faces the tracker expects, now.
+        `turn`: how many frames without detection the camera had before this one (emotion.flip_followed)."""
+        return finished(self.classify_faces(_on_host(image), faces, 0.0, followed=True, turn=turn))
 
     def analyze(self, image: FrameImage) -> Analysis:
         """Faces and their emotions in one BGR image, with per-stage times in ms (queue time included)."""
@@ -171,13 +172,16 @@ class Perception:
         return self.classify_faces(host, faces, (time.monotonic() - t0) * 1e3)
 
     def classify_faces(self, image: np.ndarray, faces: list[Detection], detect_ms: float,
-                       followed: bool = False) -> Analysis:
+                       followed: bool = False, turn: int = 0) -> Analysis:
         """Crop and classify `faces` of `image`; the timings with the detector's `detect_ms`. `followed`: a frame
-        without detection, whose faces are mirrored only with emotion.flip_followed."""
+        without detection (its camera's `turn`th), whose faces are read as emotion.flip_followed says."""
         t1 = time.monotonic()
         crops = [self.classifier.face_crop(image, face) for face in faces]
         t2 = time.monotonic()
-        flip = self.classifier.flip and (self.flip_followed or not followed)
+        read = followed_read(self.classifier.flip, self.flip_followed, turn) if followed else None
+        if read == "mirror":
+            crops = [np.ascontiguousarray(crop[:, ::-1]) for crop in crops]
+        flip = self.classifier.flip if read is None else read == "both"
         scores = self.classifier.classify(crops, RESULT_TIMEOUT_S, flip) if crops else []
         t3 = time.monotonic()
         timings = {"detect": detect_ms, "crop": (t2 - t1) * 1e3, "emotion": (t3 - t2) * 1e3}

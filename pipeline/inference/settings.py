@@ -134,10 +134,13 @@ class EmotionConfig(StrictModel):
     flip: bool = Field(True, description="Test-time flip: classify each face and its mirror image in the same "
                                          "batch and average the two. Twice the classifier work (+0.75 ms per face "
                                          "on 2 CPU cores); more right answers on faces/wild (12 fixed, 4 broken).")
-    flip_followed: bool = Field(True, description="With flip and detector.interval > 1: mirror the faces of frames "
-                                "without detection too. false reads them once (detection frames still read both), "
-                                "a third less emotion work at interval 3; each track's smoothing averages over "
-                                "frames anyway (BENCHMARKS.md, 'Followed faces read once').")
+    flip_followed: Literal[True, False, "alternate"] = Field(
+        "alternate", description="With flip and detector.interval > 1, how the faces of frames without detection are "
+        "read (detection frames always read each face and its mirror): true = both ways, as detection frames; "
+        "false = once, as they are; alternate = once, as they are and mirrored on alternate frames of the camera, so "
+        "each track's smoothing still averages both views. false and alternate do a third less emotion work at "
+        "interval 3; alternate agrees with every-frame detection as often as true on one face (BENCHMARKS.md, "
+        "'Followed faces read once').")
 
 
 class TritonModelRef(StrictModel):

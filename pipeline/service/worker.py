@@ -65,6 +65,7 @@ class CameraWorker(threading.Thread):
         self._frames_begun = zlib.crc32(capture.cfg.name.encode())  # the detection phase: staggered by name
         self._poses: dict[int, HeadPose | None] = {}  # each track's head pose at the last detection frame
         self._detections = 0  # detection frames observed: tracking.pose_every counts them
+        self._followed = 0  # frames without detection begun: emotion.flip_followed alternates by them
 
     def run(self) -> None:
         name_native_thread()
@@ -99,7 +100,9 @@ class CameraWorker(threading.Thread):
                 return self.perception.begin(frame.image), None
             tracked = self.tracker.predict(frame.t_mono, self._pixels(frame))
             faces = [face for _, face in tracked]
-            return self.perception.begin_tracked(frame.image, faces), [track_id for track_id, _ in tracked]
+            self._followed += 1
+            return (self.perception.begin_tracked(frame.image, faces, self._followed - 1),
+                    [track_id for track_id, _ in tracked])
         except QueueFullError:
             self.stats.skipped_busy += 1
         except ModelClosedError:

@@ -112,6 +112,7 @@ def compare_intervals(perception: Perception, frames: list[np.ndarray], fps: flo
     """Both ways over `frames` (see the module docstring). The detection frames of the skipping way reuse the
     reference's detection and are charged its cost. `ceiling`: the frames shifted by that many pixels too."""
     every, skipping, shifted = IouTracker(), IouTracker(follow=True), IouTracker()
+    followed = 0  # frames without detection so far (emotion.flip_followed: alternate)
     result = Agreement(frames=len(frames), ceiling=Agreement(frames=len(frames)) if ceiling is not None else None)
     for index, frame in enumerate(frames):
         now = index / fps
@@ -128,7 +129,8 @@ def compare_intervals(perception: Perception, frames: list[np.ndarray], fps: flo
         else:
             predicted = skipping.predict(now, frame)
             own_ids, own_faces = [i for i, _ in predicted], [f for _, f in predicted]
-            own_scores = perception.classify_faces(frame, own_faces, 0.0, followed=True)[1]
+            own_scores = perception.classify_faces(frame, own_faces, 0.0, followed=True, turn=followed)[1]
+            followed += 1
         result.cpu_s["interval"] += time.process_time() - started
         smoothed = _smoothed(skipping, own_ids, own_scores, now)
         if result.ceiling is not None and ceiling is not None:
