@@ -202,13 +202,17 @@ case "${1:-check}" in
         EXTRA="${MODEL:+--set emotion.model=$MODEL} ${EXTRA:-}" bash "$0" groups
     done
     ;;
-  waits)  # issue 25 round 9: how threads wait for the GPU (inference.gpu_wait) and tracking.pose_every, at CAMS (150)
-    # cameras in groups of PER (30), interval 3, MODEL (the student), one run per variant in VARIANTS, in that order
+  waits)  # issue 25 round 9: how threads wait for the GPU (inference.gpu_wait), tracking.pose_every and (round 10)
+    # emotion.flip_followed, at CAMS (150) cameras in groups of PER (30), interval 3, MODEL (the student), one run per
+    # variant in VARIANTS, in that order
     cams=${CAMS:-150}
     for variant in ${VARIANTS:-spin block pose2}; do
       case $variant in
         spin|block|auto) set="--set inference.gpu_wait=$variant" ;;
         pose2|pose3) set="--set inference.gpu_wait=block --set tracking.pose_every=${variant#pose}" ;;
+        both|once|alternate)  # emotion.flip_followed true / false / alternate (the default since 2026-12-03)
+          value=$variant; [ "$variant" = both ] && value=true; [ "$variant" = once ] && value=false
+          set="--set emotion.flip_followed=$value" ;;
         *) echo "unknown variant $variant"; continue ;;
       esac
       echo "== waits $variant: $set"

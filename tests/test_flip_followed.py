@@ -22,7 +22,7 @@ from pipeline.inference.perception import Perception, load_perception
 from pipeline.service.worker import CameraWorker
 from pipeline.vision.track import IouTracker
 from tests.conftest import data_path
-from tests.test_frames_path import _frames, _graph_config
+from tests.test_frames_path import _frames, _graph_config, _prepared_gpu, needs_cuda
 
 
 def _flip_followed(config: Any, value: bool | str) -> Any:
@@ -116,6 +116,24 @@ def test_graph_path_alternates_followed_reads_in_a_mixed_batch(graph: FramePerce
     np.testing.assert_allclose(second, mirror, atol=0.02)
     np.testing.assert_allclose(detected, both, atol=0.02)
     assert np.abs(first - second).max() > 0.05
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_cuda_followed_frames_alternate_in_a_mixed_batch(prepared_models: None, app_config: Any, frame: Any,
+                                                            reads: Any) -> None:
+    """The same on the CUDA lane (fp32 models, two lanes): the followed faces' mirrored crops are the mirrored
+    inverse affines of the frame on the GPU, read in the batch's one classifier run."""
+    faces, once, mirror, both = reads
+    gpu = _prepared_gpu(app_config, frame)
+    try:
+        pending = [gpu.begin(frame), gpu.begin_tracked(frame, faces, 0), gpu.begin_tracked(frame, faces, 1)]
+        detected, first, second = (_probs(p.result()[1]) for p in pending)
+    finally:
+        gpu.close()
+    np.testing.assert_allclose(first, once, atol=0.02)
+    np.testing.assert_allclose(second, mirror, atol=0.02)
+    np.testing.assert_allclose(detected, both, atol=0.02)
 
 
 @pytest.fixture(scope="module")

@@ -46,12 +46,17 @@ def _graph_config(app_config: Any, device: str = "cpu", lanes: int = 1) -> Any:
     return app_config.model_copy(update={"inference": inference})
 
 
+def _both_ways(app_config: Any) -> Any:
+    """The configuration with followed faces read both ways (emotion.flip_followed: true), as detected ones: a
+    followed frame given the detected faces must then read the same emotions (tests/test_flip_followed.py: the
+    other settings)."""
+    return app_config.model_copy(update={"emotion": app_config.emotion.model_copy(update={"flip_followed": True})})
+
+
 @pytest.fixture(scope="module")
 def graph_perception(prepared_models: None, app_config: Any) -> Iterator[FramePerception]:
-    """Followed faces read both ways here (emotion.flip_followed: true), as detected ones: a followed frame given the
-    detected faces must then read the same emotions (tests/test_flip_followed.py: the other settings)."""
-    both_ways = app_config.emotion.model_copy(update={"flip_followed": True})
-    perception = load_perception(_graph_config(app_config.model_copy(update={"emotion": both_ways})))
+    """Followed faces read both ways here, as detected ones (see _both_ways)."""
+    perception = load_perception(_graph_config(_both_ways(app_config)))
     if not isinstance(perception, FramePerception):
         raise TypeError(f"frame_path graph gave {type(perception).__name__}")
     yield perception
@@ -332,7 +337,7 @@ def test_on_cuda_frames_detected_in_parts(prepared_models: None, app_config: Any
 def test_on_cuda_frames_without_detection(prepared_models: None, app_config: Any) -> None:
     """The CUDA lane stages every frame of a batch and runs the detector graph on the detected ones only."""
     frames = _frames(data_path("video", "group_1080p.mp4"), 12, 13)
-    gpu = _prepared_gpu(app_config, frames[0])
+    gpu = _prepared_gpu(_both_ways(app_config), frames[0])
     try:
         # measured on the H200: frames detected in a batch of another padded size (other cuDNN kernels) got boxes
         # within 0.018 px of the frame detected alone and, from those crops, probabilities within 0.0074
