@@ -216,7 +216,8 @@ case "${1:-check}" in
         *) echo "unknown variant $variant"; continue ;;
       esac
       echo "== waits $variant: $set"
-      CAMS=$cams PROCS=$(( (cams + ${PER:-30} - 1) / ${PER:-30} )) INTERVAL=3 TAG="_$variant" \
+      run=$(( ${run:-0} + 1 ))  # each run's JSON kept apart: a variant may be run again in the same VARIANTS
+      CAMS=$cams PROCS=$(( (cams + ${PER:-30} - 1) / ${PER:-30} )) INTERVAL=3 TAG="_${variant}_r${ROUND:-1}_$run" \
         EXTRA="--set emotion.model=${MODEL:-dlibface_student64} $set ${EXTRA:-}" bash "$0" groups
     done
     ;;
