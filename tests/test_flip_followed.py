@@ -95,12 +95,24 @@ def test_opencv_path_reads_followed_faces_as_set(prepared_models: None, app_conf
     np.testing.assert_allclose(detected, both, atol=1e-5)
 
 
-@pytest.fixture(scope="module")
-def graph(prepared_models: None, app_config: Any, frame: Any) -> Iterator[FramePerception]:
-    perception = load_perception(_graph_config(app_config))
+def _prepared_graph(config: Any, frame: Any) -> FramePerception:
+    perception = load_perception(_graph_config(config))
     if not isinstance(perception, FramePerception):
         raise TypeError(f"frame_path graph gave {type(perception).__name__}")
     perception.prepare(frame_format(frame))
+    return perception
+
+
+def _mixed_batch(perception: FramePerception, frame: Any, faces: list[Any]) -> tuple[np.ndarray, ...]:
+    """The emotions of one batch: `frame` detected, then followed twice with `faces` (turns 0 and 1)."""
+    pending = [perception.begin(frame), perception.begin_tracked(frame, faces, 0),
+               perception.begin_tracked(frame, faces, 1)]
+    return tuple(_probs(p.result()[1]) for p in pending)
+
+
+@pytest.fixture(scope="module")
+def graph(prepared_models: None, app_config: Any, frame: Any) -> Iterator[FramePerception]:
+    perception = _prepared_graph(app_config, frame)
     yield perception
     perception.close()
 
@@ -110,8 +122,7 @@ def test_graph_path_alternates_followed_reads_in_a_mixed_batch(graph: FramePerce
     """A detected frame and two followed ones (turns 0 and 1) in the same batch: the detected faces are read both
     ways, the first followed frame's as they are, the second's mirrored; all agree with the OpenCV path's reads."""
     faces, once, mirror, both = reads
-    pending = [graph.begin(frame), graph.begin_tracked(frame, faces, 0), graph.begin_tracked(frame, faces, 1)]
-    detected, first, second = (_probs(p.result()[1]) for p in pending)
+    detected, first, second = _mixed_batch(graph, frame, faces)
     np.testing.assert_allclose(first, once, atol=0.02)
     np.testing.assert_allclose(second, mirror, atol=0.02)
     np.testing.assert_allclose(detected, both, atol=0.02)
@@ -127,8 +138,7 @@ def test_on_cuda_followed_frames_alternate_in_a_mixed_batch(prepared_models: Non
     faces, once, mirror, both = reads
     gpu = _prepared_gpu(app_config, frame)
     try:
-        pending = [gpu.begin(frame), gpu.begin_tracked(frame, faces, 0), gpu.begin_tracked(frame, faces, 1)]
-        detected, first, second = (_probs(p.result()[1]) for p in pending)
+        detected, first, second = _mixed_batch(gpu, frame, faces)
     finally:
         gpu.close()
     np.testing.assert_allclose(first, once, atol=0.02)
@@ -138,10 +148,7 @@ def test_on_cuda_followed_frames_alternate_in_a_mixed_batch(prepared_models: Non
 
 @pytest.fixture(scope="module")
 def lean_graph(prepared_models: None, app_config: Any, frame: Any) -> Iterator[FramePerception]:
-    perception = load_perception(_graph_config(_flip_followed(app_config, False)))
-    if not isinstance(perception, FramePerception):
-        raise TypeError(f"frame_path graph gave {type(perception).__name__}")
-    perception.prepare(frame_format(frame))
+    perception = _prepared_graph(_flip_followed(app_config, False), frame)
     yield perception
     perception.close()
 
@@ -151,9 +158,7 @@ def test_graph_path_reads_followed_faces_once_in_a_mixed_batch(lean_graph: Frame
     """flip_followed false: a detected frame and followed ones in the same batch: the detected faces are mirrored,
     the followed ones (given the same faces) are not, whatever their turn."""
     faces, once, _, both = reads
-    pending = [lean_graph.begin(frame), lean_graph.begin_tracked(frame, faces, 0),
-               lean_graph.begin_tracked(frame, faces, 1)]
-    detected, first, second = (_probs(p.result()[1]) for p in pending)
+    detected, first, second = _mixed_batch(lean_graph, frame, faces)
     np.testing.assert_allclose(first, once, atol=0.02)
     np.testing.assert_allclose(second, once, atol=0.02)
     np.testing.assert_allclose(detected, both, atol=0.02)
