@@ -76,14 +76,29 @@ def followed_read(flip: bool, flip_followed: bool | str, turn: int) -> FollowedR
     return "mirror" if flip_followed == "alternate" and turn % 2 else "once"
 
 
+# Rows normalised per numpy call: 64 rows of 7 emotions are loops of 448 elements, which numpy runs holding the GIL
+# (it gives the GIL away in loops of more than 500: NPY_BEGIN_THREADS_THRESHOLDED). On the frame graphs path this runs
+# on the lane's thread, and each time the GIL is given away, taking it back can wait a switch interval (5 ms) for a
+# camera thread (deploy/gil_release_probe.py).
+ROWS_PER_CALL = 64
+
+
 def normalised(probs: np.ndarray, order: np.ndarray, mirrored: int = 0) -> np.ndarray:
     """Classifier rows → probabilities in EMOTIONS order, each row summing to 1. `mirrored`: the last that many rows
     are the mirror images of the first that many (emotion.flip), averaged with them and dropped. One formula for
     both frame paths (the frame graphs path normalises a whole batch at once, where only some faces may be mirrored:
     emotion.flip_followed)."""
-    ordered = np.asarray(probs, np.float32)[:, order]
-    if mirrored:
-        body = ordered[:-mirrored].copy()
-        body[:mirrored] = (body[:mirrored] + ordered[-mirrored:]) * np.float32(0.5)  # exact, as / 2, float32
-        ordered = body
-    return ordered / np.maximum(ordered.sum(axis=1, keepdims=True), 1e-9)
+    rows = np.asarray(probs, np.float32)
+    count = len(rows) - mirrored
+    columns = order.tolist()
+    out = np.empty((count, len(columns)), np.float32)
+    for start in range(0, count, ROWS_PER_CALL):
+        stop = min(start + ROWS_PER_CALL, count)
+        part = np.stack([rows[start:stop, column] for column in columns], axis=1)  # views, no fancy indexing
+        twins = min(stop, mirrored) - start
+        if twins > 0:  # these rows' mirror images, averaged in: exact, as / 2, float32
+            mirror = rows[count + start:count + start + twins]
+            part[:twins] = (part[:twins] + np.stack([mirror[:, column] for column in columns], axis=1)) \
+                * np.float32(0.5)
+        out[start:stop] = part / np.maximum(part.sum(axis=1, keepdims=True), 1e-9)
+    return out

@@ -34,22 +34,40 @@ class KeptFaces:
 
 def kept_faces(score: np.ndarray, box: np.ndarray, landmarks: np.ndarray, frame_size: tuple[int, int],
                min_face_px: int, max_faces: int) -> KeptFaces:
-    """The detector graph's rows ([B, F] scores, -1 where there is no face; [B, F, 4] boxes; [B, F, 5, 2] points)
+    """The detector graph's rows ([B, F] scores, best first, -1 where there is no face; [B, F, 4] boxes; [B, F, 5, 2]
+    points)
     → the faces the OpenCV path keeps: boxes clipped to the frame (vision.retinaface._to_frame), faces whose short
     side is under `min_face_px` dropped, the `max_faces` largest kept, ties in area in score order (the stable sort
-    of filter_faces). tests/test_frame_graphs.py compares it with filter_faces on real frames."""
+    of filter_faces). tests/test_frame_graphs.py compares it with filter_faces on real frames.
+
+    Why plain Python over the few real faces instead of numpy over all B x F rows: this runs on the lane's thread
+    between its two graph runs, and numpy gives the GIL away inside clip, argsort, nonzero and fancy indexing of
+    arrays this size; each time, taking it back waits for whichever camera thread holds it (up to the 5 ms switch
+    interval). Vectorised over the rows it took ~40 ms of waits a batch while one other thread ran Python (0.3 ms
+    alone); this way it never lets go of the GIL (deploy/gil_release_probe.py, BENCHMARKS.md)."""
     width, height = frame_size
-    boxes = np.clip(np.asarray(box, np.float64), 0.0, [width, height, width, height])
-    sides_w, sides_h = boxes[..., 2] - boxes[..., 0], boxes[..., 3] - boxes[..., 1]
-    valid = (np.asarray(score) >= 0) & (np.minimum(sides_w, sides_h) >= min_face_px)
-    area = np.where(valid, np.maximum(sides_w, 0.0) * np.maximum(sides_h, 0.0), -np.inf)
-    order = np.argsort(-area, axis=1, kind="stable")[:, :max_faces]
-    per_frame = np.minimum(valid.sum(axis=1), max_faces)
-    chosen = np.arange(order.shape[1]) < per_frame[:, None]
-    frame = np.repeat(np.arange(len(per_frame), dtype=np.int64), per_frame)
-    index = order[chosen]
-    return KeptFaces(frame, boxes[frame, index], np.asarray(score, np.float32)[frame, index],
-                     np.asarray(landmarks, np.float32)[frame, index], np.concatenate([[0], np.cumsum(per_frame)]))
+    boxes_in, scores_in = np.asarray(box), np.asarray(score)
+    picks: list[tuple[int, int, list[float]]] = []  # frame, row, clipped box
+    counts: list[int] = []
+    for frame, row_scores in enumerate(scores_in.tolist()):
+        faces = []
+        for row, face_score in enumerate(row_scores):
+            if face_score < 0:
+                break  # the graph's rows come best first (TopK): the rest are empty too
+            x0, y0, x1, y1 = boxes_in[frame, row].tolist()
+            clipped = [min(max(x0, 0.0), width), min(max(y0, 0.0), height),
+                       min(max(x1, 0.0), width), min(max(y1, 0.0), height)]
+            side_w, side_h = clipped[2] - clipped[0], clipped[3] - clipped[1]
+            if min(side_w, side_h) >= min_face_px:
+                faces.append((-(max(side_w, 0.0) * max(side_h, 0.0)), row, clipped))
+        faces.sort(key=lambda face: face[0])  # stable: equal areas stay in score order
+        picks.extend((frame, row, clipped) for _, row, clipped in faces[:max_faces])
+        counts.append(min(len(faces), max_faces))
+    return KeptFaces(np.array([frame for frame, _, _ in picks], np.int64),
+                     np.array([clipped for _, _, clipped in picks], np.float64).reshape(-1, 4),
+                     np.array([scores_in[frame, row] for frame, row, _ in picks], np.float32),
+                     np.array([landmarks[frame, row] for frame, row, _ in picks], np.float32).reshape(-1, 5, 2),
+                     np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64))
 
 
 def no_face_rows() -> dict[str, np.ndarray]:
