@@ -89,7 +89,7 @@ case "${1:-check}" in
   inflight)  # issue 11 (2026-12-01 evening): 64 cameras with 2 and 1 frames in flight, 48 and 80 cameras, woman2 x 64 at
     # 30 fps; BASE=DIR (a copy of an older commit, e.g. git archive f1934d8) runs the same 64-camera command there
     common="--fps 25 --device cuda --precision fp16 --detector-input 640x352 --max-batch 64 --lanes 1 --batch-step 2 \
-      --mode batched --decode gpu --frame-path graph --duration ${DURATION:-15} --log-level warning"
+      --mode batched --decode gpu --frame-path graph --duration ${DURATION:-15} --log-level warning ${EXTRA:-}"
     group="$PWD/.benchdata/video/group_1080p.mp4"
     python3 run_pipeline.py bench pipeline --video "$group" --cameras 64 $common --json "$OUT/new_64.json" | tail -3
     if [ -n "${BASE:-}" ]; then
@@ -267,9 +267,9 @@ case "${1:-check}" in
     tail -3 "$OUT/nvdec_memory.err"
     ;;
   ab)  # this tree against BASE=DIR (a copy of an older commit), 64 cameras of 1080p on the frame graphs path, run
-    # alternately (new, base, new, base) in one session so drift shows
+    # alternately (new, base, new, base) in one session so drift shows; EXTRA: more bench pipeline options for both
     common="--fps 25 --device cuda --precision fp16 --detector-input 640x352 --max-batch 64 --lanes 1 --batch-step 2 \
-      --mode batched --decode gpu --frame-path graph --duration ${DURATION:-15} --log-level warning"
+      --mode batched --decode gpu --frame-path graph --duration ${DURATION:-15} --log-level warning ${EXTRA:-}"
     group="$PWD/.benchdata/video/group_1080p.mp4"
     cp -n models/*.onnx models/*.json "$BASE/models/" 2>/dev/null
     for round in ${ROUNDS:-1 2}; do
