@@ -1,10 +1,11 @@
-"""The frame graphs' fixed-size face rows → the faces the host keeps, for a whole batch in a few numpy calls.
+"""The frame graphs' fixed-size face rows → the faces the host keeps, for a whole batch, as arrays.
 
-Why vectorised: this runs on the lane's thread, the one thread every camera waits for. Done per frame and per face in
-Python (Detection objects, filter_faces, one EmotionScores per face) it took 14 ms of a 48 ms batch of 55 1080p frames
-at 64 cameras on the H200 (the GIL shared with ~130 other threads stretches any Python there). Here the lane keeps
-arrays only; each camera's own thread turns its frame's rows into Detection and EmotionScores objects
-(FrameResult.detections / emotions) when it collects the result.
+Why arrays: this runs on the lane's thread, the one thread every camera waits for. Done per frame and per face with
+objects (Detection objects, filter_faces, one EmotionScores per face) it took 14 ms of a 48 ms batch of 55 1080p
+frames at 64 cameras on the H200 (the GIL shared with ~130 other threads stretches any Python there). Here the lane
+keeps arrays only; each camera's own thread turns its frame's rows into Detection and EmotionScores objects
+(FrameResult.detections / emotions) when it collects the result. Nor does the lane give the GIL away in numpy calls
+over all rows (kept_faces' docstring says why): it picks the few real faces in plain Python.
 """
 
 from __future__ import annotations
