@@ -3,12 +3,13 @@
 Why: on the frame graphs path every camera waits for the lane's thread, and numpy gives the GIL away inside some
 calls (sorting, nonzero, fancy indexing, ufuncs over large enough arrays). Each time, taking it back waits for the
 thread that holds it to be asked to drop it (sys.getswitchinterval(), 5 ms): one other thread running Python turns a
-sub-millisecond step into tens of milliseconds. This probe times the steps the lane runs for one batch (the
-detector graph's rows → kept faces, the tracked faces joined, the crop matrices, the batch's probabilities
+sub-millisecond step into tens of milliseconds. This probe times the steps the lane runs for one batch (FrameEngine.faces_and_crops:
+the detector graph's rows → kept faces, the tracked faces joined, the crop matrices; then the batch's probabilities
 normalised) alone and beside one thread that runs pure Python, so that the difference counts the waits.
 
 The batch is synthetic but shaped as the graphs give it: FRAMES frames, DETECTED of them detected (the detector's
-[B, 64] rows, FACES faces each, the rest -1), the others followed with FACES faces each, every face mirrored.
+[B, 64] rows, FACES faces each, the rest -1), the others followed with FACES faces each, read as config/default.yaml
+says (emotion.flip and flip_followed).
 
     python deploy/gil_release_probe.py [--frames 34] [--detected 11] [--faces 5] [--repeat 50] [--json FILE]
 """
@@ -26,12 +27,15 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
+from pipeline.config.app import load_config  # noqa: E402
 from pipeline.core.types import Detection  # noqa: E402
 from pipeline.inference.classifier import normalised  # noqa: E402
-from pipeline.inference.frame_faces import given_faces, joined, kept_faces  # noqa: E402
-from pipeline.vision.align import box_crop_matrices, inverse_affine  # noqa: E402
+from pipeline.inference.frames import FrameEngine, TrackedFrame  # noqa: E402
+from pipeline.modelprep.frame_graphs import FACE_BOX, FACE_LANDMARKS, FACE_SCORE, FrameFormat  # noqa: E402
+from pipeline.modelprep.manifest import load_manifest  # noqa: E402
 
 ROWS = 64  # the detector graph's faces per frame (frames.GRAPH_FACES)
 
@@ -44,33 +48,38 @@ def batch(frames: int, detected: int, faces: int) -> dict[str, Any]:
     corner = rng.uniform(0, 1700, (detected, ROWS, 2))
     box = np.concatenate([corner, corner + rng.uniform(80, 200, (detected, ROWS, 1))], axis=2).astype(np.float32)
     points = rng.uniform(0, 1900, (detected, ROWS, 5, 2)).astype(np.float32)
-    tracked = [[Detection((100.0 * i, 100.0, 100.0 * i + 90, 190.0), 0.9, np.zeros((5, 2), np.float32))
-                for i in range(faces)] for _ in range(frames - detected)]
+    tracked = [TrackedFrame(np.zeros((1, 1, 3), np.uint8),
+                            [Detection((100.0 * i, 100.0, 100.0 * i + 90, 190.0), 0.9, np.zeros((5, 2), np.float32))
+                             for i in range(faces)], turn) for turn in range(frames - detected)]
     probs = rng.dirichlet(np.ones(7), 2 * frames * faces).astype(np.float32)  # the classifier's rows, mirrors last
-    return {"score": score, "box": box, "points": points, "tracked": tracked, "probs": probs}
+    outputs = {FACE_SCORE: score, FACE_BOX: box, FACE_LANDMARKS: points}
+    return {"score": score, "outputs": outputs, "format": FrameFormat(1920, 1080, "rgb"), "tracked": tracked,
+            "probs": probs}
 
 
-def lane_work(b: dict[str, Any], order: np.ndarray) -> dict[str, float]:
-    """What FrameEngine._run_group does on the lane's thread between the detector and the classifier runs, and after
-    the classifier's (the probabilities normalised); ms per step."""
-    marks = [time.perf_counter()]
-    detected = kept_faces(b["score"], b["box"], b["points"], (1920, 1080), 32, 16)
-    marks.append(time.perf_counter())
-    kept = joined(detected, given_faces(b["tracked"]))
-    marks.append(time.perf_counter())
-    inverse_affine(box_crop_matrices(kept.boxes, (64, 64), 0.0)).astype(np.float32)
-    marks.append(time.perf_counter())
-    normalised(b["probs"][: 2 * len(kept.frame)], order, len(kept.frame))
-    marks.append(time.perf_counter())
-    steps = ("kept_faces", "tracked_joined", "crop_matrices", "normalised")
-    return {step: (end - start) * 1e3 for step, start, end in zip(steps, marks, marks[1:])}
+def lane_work(engine: FrameEngine, b: dict[str, Any], order: np.ndarray) -> dict[str, float]:
+    """What FrameEngine._run_group does on the lane's thread between the detector and the classifier runs
+    (`faces_and_crops`), and after the classifier's (the probabilities normalised); ms per step."""
+    started = time.perf_counter()
+    kept, _, _, flips = engine.faces_and_crops(b["outputs"], b["format"], b["tracked"], len(b["score"]))
+    between = time.perf_counter()
+    normalised(b["probs"][: len(kept.frame) + flips], order, flips)
+    done = time.perf_counter()
+    return {"faces_and_crops": (between - started) * 1e3, "normalised": (done - between) * 1e3}
+
+
+def engine() -> FrameEngine:
+    """A frame engine without lanes (only its host work runs here), configured as config/default.yaml says, with
+    the student's 64 px crops."""
+    config = load_config(ROOT / "config" / "default.yaml")
+    return FrameEngine([], config.detector, config.emotion, load_manifest("dlibface_student64"), 64, {})
 
 
 def timed(b: dict[str, Any], repeat: int) -> list[dict[str, float]]:
-    order = np.array([3, 1, 2, 0, 4, 5, 6])
+    order, lanes = np.array([3, 1, 2, 0, 4, 5, 6]), engine()
     out = []
     for _ in range(repeat):
-        out.append(lane_work(b, order))
+        out.append(lane_work(lanes, b, order))
         time.sleep(0.001)  # as the lane waits for its next run
     return out
 

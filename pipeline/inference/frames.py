@@ -70,6 +70,9 @@ from pipeline.vision.align import align_matrix, box_crop_matrices, inverse_affin
 log = logging.getLogger(__name__)
 
 GRAPH_FACES = 64  # faces per frame the detector graph returns at most (best scores after NMS), before max_faces
+# Crop matrices made per numpy call on the lane's thread: 64 faces x 6 are loops of 384 elements, which numpy runs
+# holding the GIL (it gives it away in loops of more than 500; classifier.ROWS_PER_CALL says why that matters).
+FACES_PER_CALL = 64
 
 
 @dataclass(frozen=True)
@@ -272,17 +275,7 @@ class FrameEngine:
         t0 = time.monotonic()
         outputs = runner.detect([frame_image(item) for item in ordered], fmt, self._thresholds, rows)
         t1 = time.monotonic()
-        detected = kept_faces(outputs[FACE_SCORE], outputs[FACE_BOX], outputs[FACE_LANDMARKS],
-                              (fmt.width, fmt.height), self._detector.min_face_px, self._detector.max_faces)
-        kept = joined(detected, given_faces([item.faces for item in tracked]))
-        matrices, frame_index = self._crop_matrices(kept)
-        alone = self._mirrored_alone(kept, tracked, rows)
-        if len(alone):  # followed faces read only as their mirror images (emotion.flip_followed: alternate)
-            matrices[alone] = mirrored(matrices[alone], self._crop_size[0])
-        flips = self._mirrored_count(len(matrices), len(detected.frame))
-        if flips:  # those faces' mirror images in the same run (emotion.flip; detected faces come first)
-            matrices = np.concatenate([matrices, mirrored(matrices[:flips], self._crop_size[0])])
-            frame_index = np.concatenate([frame_index, frame_index[:flips]])
+        kept, matrices, frame_index, flips = self.faces_and_crops(outputs, fmt, tracked, rows)
         t2 = time.monotonic()
         probs = self._classify(runner, fmt, matrices, frame_index)
         t3 = time.monotonic()
@@ -296,6 +289,35 @@ class FrameEngine:
                                          emotions[rows_of], timings)
         return results  # type: ignore[return-value]
 
+    def faces_and_crops(self, outputs: dict[str, np.ndarray], fmt: FrameFormat, tracked: list[TrackedFrame],
+                        rows: int) -> tuple[KeptFaces, np.ndarray, np.ndarray, int]:
+        """The lane's array work between its two graph runs: the batch's faces (the detector's `rows` frames', then
+        the `tracked` frames' given ones), each face's crop matrix [F + flips, 2, 3] (the inverse affine; mirrored
+        for a followed face read as its mirror image), the frame of each crop, and how many faces are read mirrored
+        too (their mirror images' matrices come last: emotion.flip).
+
+        Matrices are made FACES_PER_CALL faces at a time into one array, so that numpy keeps the GIL (see
+        FACES_PER_CALL): every camera waits for this thread."""
+        detected = kept_faces(outputs[FACE_SCORE], outputs[FACE_BOX], outputs[FACE_LANDMARKS],
+                              (fmt.width, fmt.height), self._detector.min_face_px, self._detector.max_faces)
+        kept = joined(detected, given_faces([item.faces for item in tracked]))
+        faces = len(kept.frame)
+        flips = self._mirrored_count(faces, len(detected.frame))
+        alone = self._mirrored_alone(kept, tracked, rows)
+        width = self._crop_size[0]
+        matrices = np.empty((faces + flips, 2, 3), np.float32)
+        for start in range(0, faces, FACES_PER_CALL):
+            stop = min(start + FACES_PER_CALL, faces)
+            inverse = self._inverse_crops(kept, slice(start, stop)).astype(np.float32)
+            twins = min(stop, flips) - start
+            if twins > 0:  # these faces' mirror images, read in the same run (detected faces come first)
+                matrices[faces + start:faces + start + twins] = mirrored(inverse[:twins], width)
+            if alone[start:stop].any():  # followed faces read only as their mirror images (flip_followed: alternate)
+                inverse[alone[start:stop]] = mirrored(inverse[alone[start:stop]], width)
+            matrices[start:stop] = inverse
+        frame_index = kept.frame if not flips else np.concatenate([kept.frame, kept.frame[:flips]])
+        return kept, matrices, frame_index, flips
+
     def _mirrored_count(self, faces: int, detected: int) -> int:
         """How many of a batch's faces (the `detected` ones first, then the followed ones) are also read mirrored:
         none without emotion.flip, the detected ones only unless emotion.flip_followed is true."""
@@ -304,12 +326,14 @@ class FrameEngine:
         return faces if self._emotion.flip_followed is True else detected
 
     def _mirrored_alone(self, kept: KeptFaces, tracked: list[TrackedFrame], first: int) -> np.ndarray:
-        """The rows of `kept` (the batch's faces; the tracked frames' from position `first` on) that are read as
-        their mirror images instead of as they are: the faces of followed frames whose turn says so."""
+        """Which of `kept`'s faces (the batch's; the tracked frames' from position `first` on) are read as their
+        mirror images instead of as they are, as a mask: the faces of followed frames whose turn says so."""
         flip, flip_followed = self._emotion.flip, self._emotion.flip_followed
-        spans = [kept.rows(first + position) for position, item in enumerate(tracked)
-                 if followed_read(flip, flip_followed, item.turn) == "mirror"]
-        return np.concatenate([np.arange(span.start, span.stop) for span in spans]) if spans else np.zeros(0, int)
+        alone = np.zeros(len(kept.frame), bool)
+        for position, item in enumerate(tracked):
+            if followed_read(flip, flip_followed, item.turn) == "mirror":
+                alone[kept.rows(first + position)] = True
+        return alone
 
     def _classify(self, runner: FrameLane, fmt: FrameFormat, matrices: np.ndarray,
                   frame_index: np.ndarray) -> np.ndarray:
@@ -321,16 +345,14 @@ class FrameEngine:
                  for run in run_slices(len(matrices), self._faces_per_run)]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    def _crop_matrices(self, kept: KeptFaces) -> tuple[np.ndarray, np.ndarray]:
-        """Per face: the inverse affine (output pixel → frame pixel) of its crop, and the frame it comes from;
-        box crops for the whole batch in one vectorised step, alignment (an SVD per face) one by one."""
-        if not len(kept.frame):
-            return np.zeros((0, 2, 3), np.float32), kept.frame
+    def _inverse_crops(self, kept: KeptFaces, faces: slice) -> np.ndarray:
+        """The inverse affines (output pixel → frame pixel) of `faces`' crops, float64 [n, 2, 3]: box crops in one
+        vectorised step, alignment (an SVD per face) one by one."""
         if self._emotion.crop == "align":
-            forward = np.stack([align_matrix(points, self._crop_size) for points in kept.landmarks])
+            forward = np.stack([align_matrix(points, self._crop_size) for points in kept.landmarks[faces]])
         else:
-            forward = box_crop_matrices(kept.boxes, self._crop_size, self._emotion.box_margin)
-        return inverse_affine(forward).astype(np.float32), kept.frame
+            forward = box_crop_matrices(kept.boxes[faces], self._crop_size, self._emotion.box_margin)
+        return inverse_affine(forward)
 
     def describe(self) -> dict[str, str]:
         return dict(self._described)
