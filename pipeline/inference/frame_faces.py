@@ -35,11 +35,10 @@ class KeptFaces:
 
 def kept_faces(score: np.ndarray, box: np.ndarray, landmarks: np.ndarray, frame_size: tuple[int, int],
                min_face_px: int, max_faces: int) -> KeptFaces:
-    """The detector graph's rows ([B, F] scores, best first, -1 where there is no face; [B, F, 4] boxes; [B, F, 5, 2]
-    points)
-    → the faces the OpenCV path keeps: boxes clipped to the frame (vision.retinaface._to_frame), faces whose short
-    side is under `min_face_px` dropped, the `max_faces` largest kept, ties in area in score order (the stable sort
-    of filter_faces). tests/test_frame_graphs.py compares it with filter_faces on real frames.
+    """The detector graph's rows ([B, F] scores, best first, -1 where there is no face; [B, F, 4] boxes;
+    [B, F, 5, 2] points) → the faces the OpenCV path keeps: boxes clipped to the frame (vision.retinaface._to_frame),
+    faces whose short side is under `min_face_px` dropped, the `max_faces` largest kept, ties in area in score order
+    (the stable sort of filter_faces). tests/test_frame_graphs.py compares it with filter_faces on real frames.
 
     Why plain Python over the few real faces instead of numpy over all B x F rows: this runs on the lane's thread
     between its two graph runs, and numpy gives the GIL away inside clip, argsort, nonzero and fancy indexing of

@@ -140,7 +140,7 @@ class EmotionConfig(StrictModel):
         "false = once, as they are; alternate = once, as they are and mirrored on alternate frames of the camera, so "
         "each track's smoothing still averages both views. false and alternate do a third less emotion work at "
         "interval 3; alternate agrees with every-frame detection as often as true on one face (BENCHMARKS.md, "
-        "'Followed faces read once').")
+        "'Followed faces read by turns').")
 
 
 class TritonModelRef(StrictModel):
