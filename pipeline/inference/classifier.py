@@ -52,11 +52,16 @@ class EmotionClassifier:
         """Submit every crop at once (they batch together) and wait for all; with flip (the classifier's own unless
         `flip` says), each crop's mirror image goes in the same batch and the two probability vectors are averaged."""
         flip = self.flip if flip is None else flip
-        mirrors = [np.ascontiguousarray(crop[:, ::-1]) for crop in crops] if flip else []
+        mirrors = mirror_images(crops) if flip else []
         rows = [f.result(timeout=timeout)[self._output] for f in self.submit([*crops, *mirrors])]
         if not rows:
             return []
         return [EmotionScores(row) for row in normalised(np.stack(rows), self._order, len(mirrors))]
+
+
+def mirror_images(crops: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Each crop flipped left to right (contiguous, as the batcher stacks them): the flip's second view."""
+    return [np.ascontiguousarray(crop[:, ::-1]) for crop in crops]
 
 
 FollowedRead = Literal["both", "once", "mirror"]

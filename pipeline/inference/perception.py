@@ -23,7 +23,7 @@ from pipeline.inference.backend import (
     runner_health,
 )
 from pipeline.inference.batching import BatchedModel
-from pipeline.inference.classifier import EmotionClassifier, followed_read
+from pipeline.inference.classifier import EmotionClassifier, followed_read, mirror_images
 from pipeline.inference.detector import FaceDetector
 from pipeline.inference.frames import FramePerception, load_frame_perception
 from pipeline.inference.pending import Analysis, PendingAnalysis, finished
@@ -180,7 +180,7 @@ class Perception:
         t2 = time.monotonic()
         read = followed_read(self.classifier.flip, self.flip_followed, turn) if followed else None
         if read == "mirror":
-            crops = [np.ascontiguousarray(crop[:, ::-1]) for crop in crops]
+            crops = mirror_images(crops)
         flip = self.classifier.flip if read is None else read == "both"
         scores = self.classifier.classify(crops, RESULT_TIMEOUT_S, flip) if crops else []
         t3 = time.monotonic()

@@ -100,9 +100,8 @@ class CameraWorker(threading.Thread):
                 return self.perception.begin(frame.image), None
             tracked = self.tracker.predict(frame.t_mono, self._pixels(frame))
             faces = [face for _, face in tracked]
-            self._followed += 1
-            return (self.perception.begin_tracked(frame.image, faces, self._followed - 1),
-                    [track_id for track_id, _ in tracked])
+            turn, self._followed = self._followed, self._followed + 1
+            return self.perception.begin_tracked(frame.image, faces, turn), [track_id for track_id, _ in tracked]
         except QueueFullError:
             self.stats.skipped_busy += 1
         except ModelClosedError:
