@@ -8,6 +8,9 @@ come back to the host: ONNX Runtime's CUDA provider runs the whole chain.
   needs no rebuild.
 - `crop_classify_graph`: uint8 frames + one inverse affine matrix per face (vision.align's matrices, inverted) → a
   bilinear, border-replicating crop (cv2.warpAffine's) in the classifier's colour → the prepared classifier.
+- Frames come interleaved (RGB/BGR, H x W x 3) or as NVDEC's NV12 (luma, then half-resolution U/V pairs: half the
+  bytes); NV12 is converted inside the graphs with cv2's own integer formula, the detector's letterbox at half
+  resolution, each crop's four neighbours per sample.
 
 Every formula is the host's (vision.retinaface, vision.align, cv2), re-expressed with ops that ONNX Runtime's CUDA
 provider and TensorRT both run (no Loop/If, no GridSample/RoiAlign); tests/test_frame_graphs.py measures the
@@ -64,6 +67,13 @@ CLASSIFIER_OPSET = 17
 # arithmetic (measured on 200,000 random colours: 0 differences; OpenCV 4's 14-bit 4899/9617/1868 differs in 521).
 GRAY_BITS = 15
 GRAY_RGB = (9798.0, 19235.0, 3735.0)
+# cv2's COLOR_YUV2RGB_NV12 (ITU-R BT.601, limited range, each chroma sample for its 2x2 block), in its own integers:
+# channel = (1220542 max(Y - 16, 0) + cu (U - 128) + cv (V - 128) + 2^19) >> 20, clipped to 0-255 (measured against
+# cv2 on random NV12: 0 differences). FFmpeg's default for untagged video and NVDEC's RGB agree with it to within a
+# grey level or two (tests/test_nvdec.py).
+YUV_SHIFT = 20
+YUV_LUMA = 1220542
+YUV_CHROMA = {"r": (0, 1673527), "g": (-409993, -852492), "b": (2116026, 0)}  # (cu, cv)
 
 Order = ChannelOrder
 Colour = Literal["gray", "rgb", "bgr"]
@@ -71,11 +81,23 @@ Colour = Literal["gray", "rgb", "bgr"]
 
 @dataclass(frozen=True)
 class FrameFormat:
-    """The frames a graph takes: fixed size (a graph is built per camera resolution) and channel order."""
+    """The frames a graph takes: fixed size (a graph is built per camera resolution) and channel order ("nv12": NVDEC's
+    own output, H x W luma then H/2 x W/2 interleaved U, V: half the bytes of RGB)."""
 
     width: int
     height: int
     order: Order  # the channel order of incoming frames
+
+    @property
+    def frame_shape(self) -> tuple[int, ...]:
+        """One frame's uint8 array: (H, W, 3) interleaved, or (3H/2, W) for NV12."""
+        if self.order == "nv12":
+            return (self.height * 3 // 2, self.width)
+        return (self.height, self.width, 3)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.frame_shape))
 
 
 @dataclass(frozen=True)
@@ -187,6 +209,82 @@ def _conv_halving(b: _Builder, frames: str, frame: FrameFormat, half: bool) -> s
     return b.op("Floor", b.op("Add", x, b.const(0.5, dtype)))
 
 
+def _nv12_planes(b: _Builder, frames: str, frame: FrameFormat) -> tuple[str, str]:
+    """NV12 frames [B, 3H/2, W] → (luma [B, 1, H, W], chroma [B, 2, H/2, W/2]), both still uint8."""
+    axis = b.const([1], np.int64)
+    luma = b.op("Slice", frames, b.const([0], np.int64), b.const([frame.height], np.int64), axis)
+    chroma = b.op("Slice", frames, b.const([frame.height], np.int64), b.const([frame.height * 3 // 2], np.int64),
+                  axis)
+    chroma = b.op("Reshape", chroma, b.const([0, frame.height // 2, frame.width // 2, 2], np.int64))
+    return b.op("Unsqueeze", luma, axis), b.op("Transpose", chroma, perm=[0, 3, 1, 2])
+
+
+def _chroma_pair(b: _Builder, chroma: str, axis: int, to: int) -> tuple[str, str]:
+    """(U, V) of a tensor whose `axis` holds them, each keeping that axis (size 1), cast to `to`."""
+    axes = b.const([axis], np.int64)
+    return tuple(b.op("Cast", b.op("Slice", chroma, b.const([k], np.int64), b.const([k + 1], np.int64), axes), to=to)
+                 for k in (0, 1))  # type: ignore[return-value]
+
+
+def _yuv_colour(b: _Builder, luma: str, u: str, v: str, order: str, axis: int) -> str:
+    """cv2's NV12 conversion, bit for bit, on int32 Y, U, V of one shape (a size-1 channel `axis`): the channels in
+    `order` ("rgb"/"bgr") concatenated on `axis`, float32 of whole values 0-255. Int32 holds every sum (< 2^30);
+    a negative one truncates towards 0 where cv2's shift floors, and both clip to 0."""
+    y = b.op("Max", b.op("Sub", luma, b.const(16, np.int32)), b.const(0, np.int32))
+    y = b.op("Add", b.op("Mul", y, b.const(YUV_LUMA, np.int32)), b.const(1 << (YUV_SHIFT - 1), np.int32))
+    u, v = b.op("Sub", u, b.const(128, np.int32)), b.op("Sub", v, b.const(128, np.int32))
+    channels = []
+    for name in order:
+        x = y
+        for weight, chroma in zip(YUV_CHROMA[name], (u, v)):
+            if weight:
+                x = b.op("Add", x, b.op("Mul", chroma, b.const(weight, np.int32)))
+        x = b.op("Cast", b.op("Div", x, b.const(1 << YUV_SHIFT, np.int32)), to=TensorProto.FLOAT)
+        channels.append(b.op("Clip", x, b.const(0.0), b.const(255.0)))
+    return b.op("Concat", *channels, axis=axis)
+
+
+def _mean_yuv_bgr(b: _Builder, luma: str, chroma: str) -> str:
+    """The same conversion in float32 for luma averaged over 2x2 blocks ([B, 1, h, w], quarters) and the blocks'
+    own chroma ([B, 2, h, w] uint8): BGR [B, 3, h, w] of whole values. By linearity this is the mean of the four
+    converted pixels, rounded once instead of four times (and clipped after the mean): within a grey level of
+    cv2's conversion followed by its 2x2 INTER_AREA."""
+    scale = float(1 << YUV_SHIFT)
+    y = b.op("Mul", b.op("Max", b.op("Sub", luma, b.const(16.0)), b.const(0.0)), b.const(YUV_LUMA / scale))
+    u, v = (b.op("Sub", c, b.const(128.0)) for c in _chroma_pair(b, chroma, 1, TensorProto.FLOAT))
+    channels = []
+    for name in "bgr":
+        x = y
+        for weight, value in zip(YUV_CHROMA[name], (u, v)):
+            if weight:
+                x = b.op("Add", x, b.op("Mul", value, b.const(weight / scale)))
+        x = b.op("Floor", b.op("Add", x, b.const(0.5)))
+        channels.append(b.op("Clip", x, b.const(0.0), b.const(255.0)))
+    return b.op("Concat", *channels, axis=1)
+
+
+def _nv12_bgr(b: _Builder, frames: str, frame: FrameFormat, plan: LetterboxPlan, half: bool) -> tuple[str, int]:
+    """NV12 frames → float32 BGR NCHW of whole values, and the 2x2 halvings already done (0 or 1).
+
+    With a halving to come, the luma is halved first (a stride-2 Conv, exact in float16 as `_conv_halving`) and
+    converted at half resolution with its blocks' chroma: a quarter of the conversion's arithmetic and no
+    full-resolution colour tensor. Without one (frames no larger than the detector's input) the chroma is repeated
+    to every pixel and the frame converted as cv2 converts it."""
+    luma, chroma = _nv12_planes(b, frames, frame)
+    if plan.halvings == 0:
+        rows = b.const(np.arange(frame.height) // 2, np.int64)
+        chroma = b.op("Gather", b.op("Gather", chroma, rows, axis=2), b.const(np.arange(frame.width) // 2, np.int64),
+                      axis=3)
+        u, v = _chroma_pair(b, chroma, 1, TensorProto.INT32)
+        return _yuv_colour(b, b.op("Cast", luma, to=TensorProto.INT32), u, v, "bgr", axis=1), 0
+    dtype = np.float16 if half else np.float32
+    x = b.op("Cast", luma, to=TensorProto.FLOAT16 if half else TensorProto.FLOAT)
+    x = b.op("Conv", x, b.const(np.full((1, 1, 2, 2), 0.25, dtype), dtype), kernel_shape=[2, 2], strides=[2, 2])
+    if half:
+        x = b.op("Cast", x, to=TensorProto.FLOAT)
+    return _mean_yuv_bgr(b, x, chroma), 1
+
+
 def _letterbox_nodes(b: _Builder, frames: str, frame: FrameFormat, plan: LetterboxPlan,
                      halve_in_fp16: bool = False, conv_halving: bool = False) -> str:
     """Nodes from uint8 NHWC frames to the uint8 NHWC BGR detector input, reproducing letterbox()/shrink().
@@ -200,13 +298,16 @@ def _letterbox_nodes(b: _Builder, frames: str, frame: FrameFormat, plan: Letterb
     pass, and still exact: a 2x2 sum of uint8 is at most 1020 and its quarters are multiples of 0.25, all of which
     float16 represents exactly. (ONNX Runtime's CPU provider has no float16 AveragePool, so the CPU keeps float32.)"""
     half = halve_in_fp16 and plan.halvings > 0
-    dtype = np.float16 if half else np.float32
     pooled = 0
-    if conv_halving and plan.halvings > 0:
+    if frame.order == "nv12":
+        x, pooled = _nv12_bgr(b, frames, frame, plan, half)
+        half = False  # float32 from here: the rest is at half resolution or less
+    elif conv_halving and plan.halvings > 0:
         x, pooled = _conv_halving(b, frames, frame, half), 1
     else:
         x = b.op("Transpose", frames, perm=[0, 3, 1, 2])  # on uint8: the float cast below is the one big copy
         x = b.op("Cast", x, to=TensorProto.FLOAT16 if half else TensorProto.FLOAT)
+    dtype = np.float16 if half else np.float32
     for _ in range(plan.halvings - pooled):
         x = b.op("AveragePool", x, kernel_shape=[2, 2], strides=[2, 2])
         x = b.op("Floor", b.op("Add", x, b.const(0.5, dtype)))
@@ -227,8 +328,10 @@ def _letterbox_nodes(b: _Builder, frames: str, frame: FrameFormat, plan: Letterb
 
 
 def _frames_info(frame: FrameFormat) -> onnx.ValueInfoProto:
-    """`frames` with static H, W (the geometry is fixed at build time) and a dynamic batch."""
-    return helper.make_tensor_value_info(FRAME_INPUT, TensorProto.UINT8, ["batch", frame.height, frame.width, 3])
+    """`frames` with a static frame shape (the geometry is fixed at build time) and a dynamic batch."""
+    if frame.order == "nv12" and (frame.width % 2 or frame.height % 2):
+        raise GraphEditError(f"NV12 frames have an even width and height, not {frame.width}x{frame.height}")
+    return helper.make_tensor_value_info(FRAME_INPUT, TensorProto.UINT8, ["batch", *frame.frame_shape])
 
 
 def _standalone(b: _Builder, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
@@ -443,23 +546,54 @@ def _neighbours(b: _Builder, coord: str, limit: int) -> tuple[str, str, str]:
     return b.op("Cast", low, to=TensorProto.INT64), b.op("Cast", high, to=TensorProto.INT64), fraction
 
 
-def _bilinear_crop(b: _Builder, frame: FrameFormat, crop_size: tuple[int, int]) -> str:
-    """cv2.warpAffine(INTER_LINEAR, BORDER_REPLICATE) of every face from its frame: [F, h, w, 3] float, rounded to
-    the integers cv2 gives, channels in the frame's order. The four neighbours are gathered from the whole batch
-    seen as [B*H*W, 3] uint8 at (frame * H + y) * W + x (int64: the index passes 2^24 with a 1080p batch)."""
-    x, y = _sample_points(b, crop_size)
-    x0, x1, fx = _neighbours(b, x, frame.width)
-    y0, y1, fy = _neighbours(b, y, frame.height)
-    image = b.op("Unsqueeze", FRAME_INDEX_INPUT, b.const([1, 2], np.int64))  # [F, 1, 1]
+def _interleaved_corners(b: _Builder, frame: FrameFormat, image: str, rows: tuple[str, str],
+                         cols: tuple[str, str]) -> list[str]:
+    """The four neighbours [F, h, w, 3] (float) of every sample, from the batch seen as [B*H*W, 3] uint8 at
+    (frame * H + y) * W + x (int64: the index passes 2^24 with a 1080p batch)."""
     first_row = b.op("Mul", image, b.const(frame.height, np.int64))
     pixels = b.op("Reshape", FRAME_INPUT, b.const([-1, 3], np.int64))
     width = b.const(frame.width, np.int64)
     corners = []
-    for row in (y0, y1):
+    for row in rows:
         start = b.op("Mul", b.op("Add", first_row, row), width)
-        for col in (x0, x1):
+        for col in cols:
             gathered = b.op("Gather", pixels, b.op("Add", start, col), axis=0)
             corners.append(b.op("Cast", gathered, to=TensorProto.FLOAT))
+    return corners
+
+
+def _nv12_corners(b: _Builder, frame: FrameFormat, image: str, rows: tuple[str, str],
+                  cols: tuple[str, str]) -> list[str]:
+    """The four neighbours as RGB [F, h, w, 3] (float), each converted from its own Y and its 2x2 block's U, V as
+    cv2's COLOR_YUV2RGB_NV12 converts a whole frame, gathered from the batch seen as one byte row: luma at
+    frame * 3HW/2 + y W + x, chroma at frame * 3HW/2 + HW + (y / 2) W + 2 (x / 2) (U, then V)."""
+    width = b.const(frame.width, np.int64)
+    two = b.const(2, np.int64)
+    flat = b.op("Reshape", FRAME_INPUT, b.const([-1], np.int64))
+    start = b.op("Mul", image, b.const(frame.nbytes, np.int64))
+    chroma_start = b.op("Add", start, b.const(frame.width * frame.height, np.int64))
+    last = b.const([3], np.int64)
+    corners = []
+    for row in rows:
+        luma_row = b.op("Add", start, b.op("Mul", row, width))
+        chroma_row = b.op("Add", chroma_start, b.op("Mul", b.op("Div", row, two), width))
+        for col in cols:
+            at = b.op("Add", chroma_row, b.op("Mul", b.op("Div", col, two), two))
+            samples = [b.op("Gather", flat, index, axis=0)
+                       for index in (b.op("Add", luma_row, col), at, b.op("Add", at, b.const(1, np.int64)))]
+            y, u, v = (b.op("Unsqueeze", b.op("Cast", value, to=TensorProto.INT32), last) for value in samples)
+            corners.append(_yuv_colour(b, y, u, v, "rgb", axis=3))
+    return corners
+
+
+def _bilinear_crop(b: _Builder, frame: FrameFormat, crop_size: tuple[int, int]) -> str:
+    """cv2.warpAffine(INTER_LINEAR, BORDER_REPLICATE) of every face from its frame: [F, h, w, 3] float, rounded to
+    the integers cv2 gives, channels in the frame's order (RGB from NV12 frames: as cv2.cvtColor then warpAffine)."""
+    x, y = _sample_points(b, crop_size)
+    x0, x1, fx = _neighbours(b, x, frame.width)
+    y0, y1, fy = _neighbours(b, y, frame.height)
+    image = b.op("Unsqueeze", FRAME_INDEX_INPUT, b.const([1, 2], np.int64))  # [F, 1, 1]
+    corners = (_nv12_corners if frame.order == "nv12" else _interleaved_corners)(b, frame, image, (y0, y1), (x0, x1))
     top = b.op("Add", corners[0], b.op("Mul", fx, b.op("Sub", corners[1], corners[0])))
     bottom = b.op("Add", corners[2], b.op("Mul", fx, b.op("Sub", corners[3], corners[2])))
     value = b.op("Add", top, b.op("Mul", fy, b.op("Sub", bottom, top)))
@@ -488,9 +622,11 @@ def _crop_inputs(frame: FrameFormat) -> list[onnx.ValueInfoProto]:
 
 def _crop_nodes(b: _Builder, frame: FrameFormat, crop_size: tuple[int, int], colour: Colour) -> str:
     """The whole crop part; the colour names are checked here because they arrive from manifests and configs."""
-    if colour not in ("gray", "rgb", "bgr") or frame.order not in ("rgb", "bgr"):
-        raise GraphEditError(f"crop colour {colour!r} from {frame.order!r} frames: expected gray/rgb/bgr from rgb/bgr")
-    return _colour_nodes(b, _bilinear_crop(b, frame, crop_size), frame.order, colour)
+    if colour not in ("gray", "rgb", "bgr") or frame.order not in ("rgb", "bgr", "nv12"):
+        raise GraphEditError(f"crop colour {colour!r} from {frame.order!r} frames: expected gray/rgb/bgr from "
+                             f"rgb/bgr/nv12")
+    crops = _bilinear_crop(b, frame, crop_size)
+    return _colour_nodes(b, crops, "rgb" if frame.order == "nv12" else frame.order, colour)
 
 
 def crop_graph(frame: FrameFormat, crop_size: tuple[int, int], colour: Colour) -> onnx.ModelProto:
