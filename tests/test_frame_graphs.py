@@ -369,8 +369,9 @@ def test_crop_graph_reproduces_face_cropper(models: dict[str, Path], crop: str, 
 
 @pytest.mark.parametrize(("crop", "colour"), [("box", "gray"), ("align", "rgb"), ("align", "bgr")])
 def test_crop_graph_from_nv12_frames(models: dict[str, Path], crop: str, colour: str) -> None:
-    """Crops straight from NV12 frames (each neighbour converted as cv2 converts the frame) against FaceCropper on
-    cv2's BGR conversion of the same bytes: as close as the interleaved frames' crops, borders included."""
+    """Crops straight from NV12 frames (Y, U, V interpolated, then converted) against FaceCropper on cv2's BGR
+    conversion of the same bytes (each pixel converted, then interpolated), borders included: one grey level apart
+    on ~15 % of values, more on 0.002 % (up to 4, where a channel clips; measured 2026-12-03)."""
     frames, faces = _crop_faces(models[f"{DETECTOR}.fp32"])
     nv12 = _nv12(frames)
     converted = _nv12_as_bgr(nv12)
@@ -381,7 +382,22 @@ def test_crop_graph_from_nv12_frames(models: dict[str, Path], crop: str, colour:
     host = np.stack([cropper.face_crop(converted[index], face) for index, face in faces])
     assert ours.shape == host.shape == (len(faces), 64, 64, cropper.channels) and len(faces) >= 10
     diff = np.abs(ours.astype(np.int16) - host)
-    assert diff.max() <= 1 and (diff > 0).mean() < 1e-3, (diff.max(), (diff > 0).mean())
+    assert (diff > 0).mean() < 0.2 and (diff > 1).mean() < 1e-4, ((diff > 0).mean(), (diff > 1).mean())
+
+
+def test_crop_classify_graph_from_nv12_frames(models: dict[str, Path], app_config) -> None:  # type: ignore[no-untyped-def]
+    """The classifier reading NV12 frames' crops against the host classifier on crops of cv2's conversion: the same
+    top emotion for every face, probabilities within 0.05 (measured 2026-12-03: 0.032 at most, mini-Xception)."""
+    frames, faces = _crop_faces(models[f"{DETECTOR}.fp32"])
+    nv12 = _nv12(frames)
+    converted = _nv12_as_bgr(nv12)
+    path = models[f"{CLASSIFIER}.fp32"]
+    cropper = FaceCropper(CROP_SIZE, "gray", app_config.emotion.crop, app_config.emotion.box_margin)
+    graph = crop_classify_graph(onnx.load(str(path)), FrameFormat(1920, 1080, "nv12"), CROP_SIZE, "gray")
+    ours = _session(graph).run(["probs"], {**_crop_feeds(converted, faces, cropper, "bgr"), FRAME_INPUT: nv12})[0]
+    crops = np.stack([cropper.face_crop(converted[index], face) for index, face in faces])
+    reference = _session(path).run(["probs"], {"image": crops})[0]
+    assert (ours.argmax(axis=1) == reference.argmax(axis=1)).all() and np.abs(ours - reference).max() <= 0.05
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])

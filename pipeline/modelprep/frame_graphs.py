@@ -219,48 +219,23 @@ def _nv12_planes(b: _Builder, frames: str, frame: FrameFormat) -> tuple[str, str
     return b.op("Unsqueeze", luma, axis), b.op("Transpose", chroma, perm=[0, 3, 1, 2])
 
 
-def _chroma_pair(b: _Builder, chroma: str, axis: int, to: int) -> tuple[str, str]:
-    """(U, V) of a tensor whose `axis` holds them, each keeping that axis (size 1), cast to `to`."""
+def _yuv_colour(b: _Builder, yuv: str, order: str, axis: int) -> str:
+    """cv2's NV12 conversion formula on float Y, U, V (channels 0-2 of `axis`; averages and interpolations too):
+    the channels in `order` ("rgb"/"bgr") concatenated on `axis`, float32 of whole values 0-255, rounded once. On
+    whole Y, U, V it gives cv2's bytes except where float32 rounding meets an exact half (none in the tests)."""
+    scale = float(1 << YUV_SHIFT)
     axes = b.const([axis], np.int64)
-    return tuple(b.op("Cast", b.op("Slice", chroma, b.const([k], np.int64), b.const([k + 1], np.int64), axes), to=to)
-                 for k in (0, 1))  # type: ignore[return-value]
-
-
-def _yuv_colour(b: _Builder, luma: str, u: str, v: str, order: str, axis: int) -> str:
-    """cv2's NV12 conversion, bit for bit, on int32 Y, U, V of one shape (a size-1 channel `axis`): the channels in
-    `order` ("rgb"/"bgr") concatenated on `axis`, float32 of whole values 0-255. Int32 holds every sum (< 2^30);
-    a negative one truncates towards 0 where cv2's shift floors, and both clip to 0."""
-    y = b.op("Max", b.op("Sub", luma, b.const(16, np.int32)), b.const(0, np.int32))
-    y = b.op("Add", b.op("Mul", y, b.const(YUV_LUMA, np.int32)), b.const(1 << (YUV_SHIFT - 1), np.int32))
-    u, v = b.op("Sub", u, b.const(128, np.int32)), b.op("Sub", v, b.const(128, np.int32))
+    luma, u, v = (b.op("Slice", yuv, b.const([k], np.int64), b.const([k + 1], np.int64), axes) for k in range(3))
+    y = b.op("Mul", b.op("Max", b.op("Sub", luma, b.const(16.0)), b.const(0.0)), b.const(YUV_LUMA / scale))
+    u, v = b.op("Sub", u, b.const(128.0)), b.op("Sub", v, b.const(128.0))
     channels = []
     for name in order:
-        x = y
-        for weight, chroma in zip(YUV_CHROMA[name], (u, v)):
-            if weight:
-                x = b.op("Add", x, b.op("Mul", chroma, b.const(weight, np.int32)))
-        x = b.op("Cast", b.op("Div", x, b.const(1 << YUV_SHIFT, np.int32)), to=TensorProto.FLOAT)
-        channels.append(b.op("Clip", x, b.const(0.0), b.const(255.0)))
-    return b.op("Concat", *channels, axis=axis)
-
-
-def _mean_yuv_bgr(b: _Builder, luma: str, chroma: str) -> str:
-    """The same conversion in float32 for luma averaged over 2x2 blocks ([B, 1, h, w], quarters) and the blocks'
-    own chroma ([B, 2, h, w] uint8): BGR [B, 3, h, w] of whole values. By linearity this is the mean of the four
-    converted pixels, rounded once instead of four times (and clipped after the mean): within a grey level of
-    cv2's conversion followed by its 2x2 INTER_AREA."""
-    scale = float(1 << YUV_SHIFT)
-    y = b.op("Mul", b.op("Max", b.op("Sub", luma, b.const(16.0)), b.const(0.0)), b.const(YUV_LUMA / scale))
-    u, v = (b.op("Sub", c, b.const(128.0)) for c in _chroma_pair(b, chroma, 1, TensorProto.FLOAT))
-    channels = []
-    for name in "bgr":
-        x = y
+        x = b.op("Add", y, b.const(0.5))
         for weight, value in zip(YUV_CHROMA[name], (u, v)):
             if weight:
                 x = b.op("Add", x, b.op("Mul", value, b.const(weight / scale)))
-        x = b.op("Floor", b.op("Add", x, b.const(0.5)))
-        channels.append(b.op("Clip", x, b.const(0.0), b.const(255.0)))
-    return b.op("Concat", *channels, axis=1)
+        channels.append(b.op("Clip", b.op("Floor", x), b.const(0.0), b.const(255.0)))
+    return b.op("Concat", *channels, axis=axis)
 
 
 def _nv12_bgr(b: _Builder, frames: str, frame: FrameFormat, plan: LetterboxPlan, half: bool) -> tuple[str, int]:
@@ -268,21 +243,24 @@ def _nv12_bgr(b: _Builder, frames: str, frame: FrameFormat, plan: LetterboxPlan,
 
     With a halving to come, the luma is halved first (a stride-2 Conv, exact in float16 as `_conv_halving`) and
     converted at half resolution with its blocks' chroma: a quarter of the conversion's arithmetic and no
-    full-resolution colour tensor. Without one (frames no larger than the detector's input) the chroma is repeated
-    to every pixel and the frame converted as cv2 converts it."""
+    full-resolution colour tensor. By linearity that is the mean of the block's four converted pixels, rounded once
+    instead of four times and clipped after the mean: within a grey level of cv2's conversion followed by its 2x2
+    INTER_AREA except near saturation. Without a halving (frames no larger than the detector's input) the chroma is
+    repeated to every pixel and the frame converted as cv2 converts it."""
     luma, chroma = _nv12_planes(b, frames, frame)
     if plan.halvings == 0:
         rows = b.const(np.arange(frame.height) // 2, np.int64)
         chroma = b.op("Gather", b.op("Gather", chroma, rows, axis=2), b.const(np.arange(frame.width) // 2, np.int64),
                       axis=3)
-        u, v = _chroma_pair(b, chroma, 1, TensorProto.INT32)
-        return _yuv_colour(b, b.op("Cast", luma, to=TensorProto.INT32), u, v, "bgr", axis=1), 0
+        yuv = b.op("Cast", b.op("Concat", luma, chroma, axis=1), to=TensorProto.FLOAT)
+        return _yuv_colour(b, yuv, "bgr", axis=1), 0
     dtype = np.float16 if half else np.float32
     x = b.op("Cast", luma, to=TensorProto.FLOAT16 if half else TensorProto.FLOAT)
     x = b.op("Conv", x, b.const(np.full((1, 1, 2, 2), 0.25, dtype), dtype), kernel_shape=[2, 2], strides=[2, 2])
     if half:
         x = b.op("Cast", x, to=TensorProto.FLOAT)
-    return _mean_yuv_bgr(b, x, chroma), 1
+    yuv = b.op("Concat", x, b.op("Cast", chroma, to=TensorProto.FLOAT), axis=1)
+    return _yuv_colour(b, yuv, "bgr", axis=1), 1
 
 
 def _letterbox_nodes(b: _Builder, frames: str, frame: FrameFormat, plan: LetterboxPlan,
@@ -564,31 +542,31 @@ def _interleaved_corners(b: _Builder, frame: FrameFormat, image: str, rows: tupl
 
 def _nv12_corners(b: _Builder, frame: FrameFormat, image: str, rows: tuple[str, str],
                   cols: tuple[str, str]) -> list[str]:
-    """The four neighbours as RGB [F, h, w, 3] (float), each converted from its own Y and its 2x2 block's U, V as
-    cv2's COLOR_YUV2RGB_NV12 converts a whole frame, gathered from the batch seen as one byte row: luma at
-    frame * 3HW/2 + y W + x, chroma at frame * 3HW/2 + HW + (y / 2) W + 2 (x / 2) (U, then V)."""
-    width = b.const(frame.width, np.int64)
+    """The four neighbours as Y, U, V [F, h, w, 3] (float): each pixel's luma and its 2x2 block's chroma pair,
+    gathered from the batch's bytes, luma at frame * 3HW/2 + y W + x, the pair (seen as [-1, 2]) at
+    (frame * 3HW/2 + HW) / 2 + (y / 2) W/2 + x / 2."""
+    width, half_width = b.const(frame.width, np.int64), b.const(frame.width // 2, np.int64)
     two = b.const(2, np.int64)
-    flat = b.op("Reshape", FRAME_INPUT, b.const([-1], np.int64))
+    luma = b.op("Reshape", FRAME_INPUT, b.const([-1], np.int64))
+    pairs = b.op("Reshape", FRAME_INPUT, b.const([-1, 2], np.int64))
     start = b.op("Mul", image, b.const(frame.nbytes, np.int64))
-    chroma_start = b.op("Add", start, b.const(frame.width * frame.height, np.int64))
-    last = b.const([3], np.int64)
+    pair_start = b.op("Mul", image, b.const(frame.nbytes // 2, np.int64))
+    pair_start = b.op("Add", pair_start, b.const(frame.width * frame.height // 2, np.int64))
     corners = []
     for row in rows:
         luma_row = b.op("Add", start, b.op("Mul", row, width))
-        chroma_row = b.op("Add", chroma_start, b.op("Mul", b.op("Div", row, two), width))
+        pair_row = b.op("Add", pair_start, b.op("Mul", b.op("Div", row, two), half_width))
         for col in cols:
-            at = b.op("Add", chroma_row, b.op("Mul", b.op("Div", col, two), two))
-            samples = [b.op("Gather", flat, index, axis=0)
-                       for index in (b.op("Add", luma_row, col), at, b.op("Add", at, b.const(1, np.int64)))]
-            y, u, v = (b.op("Unsqueeze", b.op("Cast", value, to=TensorProto.INT32), last) for value in samples)
-            corners.append(_yuv_colour(b, y, u, v, "rgb", axis=3))
+            y = b.op("Unsqueeze", b.op("Gather", luma, b.op("Add", luma_row, col), axis=0), b.const([3], np.int64))
+            uv = b.op("Gather", pairs, b.op("Add", pair_row, b.op("Div", col, two)), axis=0)
+            corners.append(b.op("Cast", b.op("Concat", y, uv, axis=3), to=TensorProto.FLOAT))
     return corners
 
 
 def _bilinear_crop(b: _Builder, frame: FrameFormat, crop_size: tuple[int, int]) -> str:
     """cv2.warpAffine(INTER_LINEAR, BORDER_REPLICATE) of every face from its frame: [F, h, w, 3] float, rounded to
-    the integers cv2 gives, channels in the frame's order (RGB from NV12 frames: as cv2.cvtColor then warpAffine)."""
+    the integers cv2 gives, channels in the frame's order. From NV12 frames RGB: Y, U and V interpolated, then
+    converted (within a grey level of cv2.cvtColor followed by warpAffine; no full-size colour tensor per neighbour)."""
     x, y = _sample_points(b, crop_size)
     x0, x1, fx = _neighbours(b, x, frame.width)
     y0, y1, fy = _neighbours(b, y, frame.height)
@@ -597,6 +575,8 @@ def _bilinear_crop(b: _Builder, frame: FrameFormat, crop_size: tuple[int, int]) 
     top = b.op("Add", corners[0], b.op("Mul", fx, b.op("Sub", corners[1], corners[0])))
     bottom = b.op("Add", corners[2], b.op("Mul", fx, b.op("Sub", corners[3], corners[2])))
     value = b.op("Add", top, b.op("Mul", fy, b.op("Sub", bottom, top)))
+    if frame.order == "nv12":  # Y, U, V interpolated, then converted once (the conversion is affine up to clipping)
+        return _yuv_colour(b, value, "rgb", axis=3)
     return b.op("Clip", b.op("Round", value), b.const(0.0), b.const(255.0))
 
 
