@@ -62,6 +62,7 @@ PREFIX = "fg_"
 # Opset 13 has every op used here in its current form (Unsqueeze/Pad/Clip/ReduceSum take axes/pads/bounds as inputs);
 # later opsets only add optional inputs or attributes whose defaults keep these semantics.
 MIN_OPSET = 13
+NV12_INDEX_BYTES = 2**31  # the crop's int32 indices address an NV12 batch of fewer bytes (the lane checks)
 CLASSIFIER_OPSET = 17
 # cv2's COLOR_BGR2GRAY for uint8 in the pinned OpenCV 5.0: (9798 R + 19235 G + 3735 B + 2^14) >> 15, exact integer
 # arithmetic (measured on 200,000 random colours: 0 differences; OpenCV 4's 14-bit 4899/9617/1868 differs in 521).
@@ -219,23 +220,29 @@ def _nv12_planes(b: _Builder, frames: str, frame: FrameFormat) -> tuple[str, str
     return b.op("Unsqueeze", luma, axis), b.op("Transpose", chroma, perm=[0, 3, 1, 2])
 
 
-def _yuv_colour(b: _Builder, yuv: str, order: str, axis: int) -> str:
-    """cv2's NV12 conversion formula on float Y, U, V (channels 0-2 of `axis`; averages and interpolations too):
-    the channels in `order` ("rgb"/"bgr") concatenated on `axis`, float32 of whole values 0-255, rounded once. On
-    whole Y, U, V it gives cv2's bytes except where float32 rounding meets an exact half (none in the tests)."""
+def _yuv_channels(b: _Builder, yuv: str, axis: int) -> dict[str, str]:
+    """cv2's NV12 conversion formula on float Y, U, V (channels 0-2 of `axis`; averages and interpolations too): R,
+    G and B by name, each keeping `axis` (size 1), float32 of whole values 0-255, rounded once. On whole Y, U, V it
+    gives cv2's bytes except where float32 rounding meets an exact half (none in the tests)."""
     scale = float(1 << YUV_SHIFT)
     axes = b.const([axis], np.int64)
     luma, u, v = (b.op("Slice", yuv, b.const([k], np.int64), b.const([k + 1], np.int64), axes) for k in range(3))
     y = b.op("Mul", b.op("Max", b.op("Sub", luma, b.const(16.0)), b.const(0.0)), b.const(YUV_LUMA / scale))
     u, v = b.op("Sub", u, b.const(128.0)), b.op("Sub", v, b.const(128.0))
-    channels = []
-    for name in order:
+    channels = {}
+    for name in "rgb":
         x = b.op("Add", y, b.const(0.5))
         for weight, value in zip(YUV_CHROMA[name], (u, v)):
             if weight:
                 x = b.op("Add", x, b.op("Mul", value, b.const(weight / scale)))
-        channels.append(b.op("Clip", b.op("Floor", x), b.const(0.0), b.const(255.0)))
-    return b.op("Concat", *channels, axis=axis)
+        channels[name] = b.op("Clip", b.op("Floor", x), b.const(0.0), b.const(255.0))
+    return channels
+
+
+def _yuv_colour(b: _Builder, yuv: str, order: str, axis: int) -> str:
+    """`_yuv_channels` concatenated on `axis` in `order` ("rgb"/"bgr")."""
+    channels = _yuv_channels(b, yuv, axis)
+    return b.op("Concat", *(channels[name] for name in order), axis=axis)
 
 
 def _nv12_bgr(b: _Builder, frames: str, frame: FrameFormat, plan: LetterboxPlan, half: bool) -> tuple[str, int]:
@@ -514,14 +521,14 @@ def _sample_points(b: _Builder, crop_size: tuple[int, int]) -> tuple[str, str]:
     return coords[0], coords[1]
 
 
-def _neighbours(b: _Builder, coord: str, limit: int) -> tuple[str, str, str]:
+def _neighbours(b: _Builder, coord: str, limit: int, index: int = TensorProto.INT64) -> tuple[str, str, str]:
     """Clamp a coordinate to [0, limit - 1] (bilinear + clamping = cv2's BORDER_REPLICATE), then its two
-    neighbouring pixel indices (int64) and the fraction towards the second."""
+    neighbouring pixel indices (of type `index`) and the fraction towards the second."""
     coord = b.op("Clip", coord, b.const(0.0), b.const(float(limit - 1)))
     low = b.op("Floor", coord)
     high = b.op("Min", b.op("Add", low, b.const(1.0)), b.const(float(limit - 1)))
     fraction = b.op("Unsqueeze", b.op("Sub", coord, low), b.const([3], np.int64))
-    return b.op("Cast", low, to=TensorProto.INT64), b.op("Cast", high, to=TensorProto.INT64), fraction
+    return b.op("Cast", low, to=index), b.op("Cast", high, to=index), fraction
 
 
 def _interleaved_corners(b: _Builder, frame: FrameFormat, image: str, rows: tuple[str, str],
@@ -544,14 +551,18 @@ def _nv12_corners(b: _Builder, frame: FrameFormat, image: str, rows: tuple[str, 
                   cols: tuple[str, str]) -> list[str]:
     """The four neighbours as Y, U, V [F, h, w, 3] (float): each pixel's luma and its 2x2 block's chroma pair,
     gathered from the batch's bytes, luma at frame * 3HW/2 + y W + x, the pair (seen as [-1, 2]) at
-    (frame * 3HW/2 + HW) / 2 + (y / 2) W/2 + x / 2."""
-    width, half_width = b.const(frame.width, np.int64), b.const(frame.width // 2, np.int64)
-    two = b.const(2, np.int64)
+    (frame * 3HW/2 + HW) / 2 + (y / 2) W/2 + x / 2. The indices are int32 (`rows`, `cols` too): eight index
+    tensors of a crop's size then take the arena what four int64 ones take on the interleaved path (measured on the
+    CPU, 128 faces of 150 px from 16 1080p frames: peak 247 MB against 341 with int64, 278 from RGB frames). So a
+    batch buffer must stay under NV12_INDEX_BYTES (690 1080p frames; CudaFrameLane refuses more)."""
+    width, half_width = b.const(frame.width, np.int32), b.const(frame.width // 2, np.int32)
+    two = b.const(2, np.int32)
     luma = b.op("Reshape", FRAME_INPUT, b.const([-1], np.int64))
     pairs = b.op("Reshape", FRAME_INPUT, b.const([-1, 2], np.int64))
-    start = b.op("Mul", image, b.const(frame.nbytes, np.int64))
-    pair_start = b.op("Mul", image, b.const(frame.nbytes // 2, np.int64))
-    pair_start = b.op("Add", pair_start, b.const(frame.width * frame.height // 2, np.int64))
+    image = b.op("Cast", image, to=TensorProto.INT32)
+    start = b.op("Mul", image, b.const(frame.nbytes, np.int32))
+    pair_start = b.op("Mul", image, b.const(frame.nbytes // 2, np.int32))
+    pair_start = b.op("Add", pair_start, b.const(frame.width * frame.height // 2, np.int32))
     corners = []
     for row in rows:
         luma_row = b.op("Add", start, b.op("Mul", row, width))
@@ -565,18 +576,20 @@ def _nv12_corners(b: _Builder, frame: FrameFormat, image: str, rows: tuple[str, 
 
 def _bilinear_crop(b: _Builder, frame: FrameFormat, crop_size: tuple[int, int]) -> str:
     """cv2.warpAffine(INTER_LINEAR, BORDER_REPLICATE) of every face from its frame: [F, h, w, 3] float, rounded to
-    the integers cv2 gives, channels in the frame's order. From NV12 frames RGB: Y, U and V interpolated, then
-    converted (within a grey level of cv2.cvtColor followed by warpAffine; no full-size colour tensor per neighbour)."""
+    the integers cv2 gives, channels in the frame's order. From NV12 frames: Y, U and V interpolated, not rounded
+    (the caller converts them: within a grey level of cv2.cvtColor followed by warpAffine, with no colour tensor
+    per neighbour)."""
     x, y = _sample_points(b, crop_size)
-    x0, x1, fx = _neighbours(b, x, frame.width)
-    y0, y1, fy = _neighbours(b, y, frame.height)
+    index = TensorProto.INT32 if frame.order == "nv12" else TensorProto.INT64  # see _nv12_corners
+    x0, x1, fx = _neighbours(b, x, frame.width, index)
+    y0, y1, fy = _neighbours(b, y, frame.height, index)
     image = b.op("Unsqueeze", FRAME_INDEX_INPUT, b.const([1, 2], np.int64))  # [F, 1, 1]
     corners = (_nv12_corners if frame.order == "nv12" else _interleaved_corners)(b, frame, image, (y0, y1), (x0, x1))
     top = b.op("Add", corners[0], b.op("Mul", fx, b.op("Sub", corners[1], corners[0])))
     bottom = b.op("Add", corners[2], b.op("Mul", fx, b.op("Sub", corners[3], corners[2])))
     value = b.op("Add", top, b.op("Mul", fy, b.op("Sub", bottom, top)))
-    if frame.order == "nv12":  # Y, U, V interpolated, then converted once (the conversion is affine up to clipping)
-        return _yuv_colour(b, value, "rgb", axis=3)
+    if frame.order == "nv12":  # Y, U, V interpolated, converted by the caller (affine up to clipping and rounding)
+        return value
     return b.op("Clip", b.op("Round", value), b.const(0.0), b.const(255.0))
 
 
@@ -585,11 +598,27 @@ def _colour_nodes(b: _Builder, x: str, order: Order, colour: Colour) -> str:
     BGR2GRAY integer formula (GRAY_RGB), exact in float32 (every partial sum is an integer below 2^24)."""
     if colour == "gray":
         weights = GRAY_RGB if order == "rgb" else GRAY_RGB[::-1]
-        total = b.op("ReduceSum", b.op("Mul", x, b.const(weights)), b.const([3], np.int64), keepdims=1)
-        x = b.op("Floor", b.op("Div", b.op("Add", total, b.const(float(1 << (GRAY_BITS - 1)))),
-                               b.const(float(1 << GRAY_BITS))))
+        x = _grey(b, b.op("ReduceSum", b.op("Mul", x, b.const(weights)), b.const([3], np.int64), keepdims=1))
     elif colour != order:
         x = b.op("Gather", x, b.const([2, 1, 0], np.int64), axis=3)
+    return b.op("Cast", x, to=TensorProto.UINT8)
+
+
+def _grey(b: _Builder, total: str) -> str:
+    """cv2's rounding of the weighted sum R 9798 + G 19235 + B 3735 to a grey level."""
+    return b.op("Floor", b.op("Div", b.op("Add", total, b.const(float(1 << (GRAY_BITS - 1)))),
+                              b.const(float(1 << GRAY_BITS))))
+
+
+def _nv12_colour_nodes(b: _Builder, yuv: str, colour: Colour) -> str:
+    """Interpolated Y, U, V [F, h, w, 3] → the classifier's `colour`, uint8 [F, h, w, C]; grey straight from the
+    three converted channels (no RGB tensor: the crop's largest)."""
+    channels = _yuv_channels(b, yuv, axis=3)
+    if colour == "gray":
+        terms = [b.op("Mul", channels[name], b.const(weight)) for name, weight in zip("rgb", GRAY_RGB)]
+        x = _grey(b, b.op("Add", b.op("Add", terms[0], terms[1]), terms[2]))
+    else:
+        x = b.op("Concat", *(channels[name] for name in colour), axis=3)
     return b.op("Cast", x, to=TensorProto.UINT8)
 
 
@@ -606,7 +635,9 @@ def _crop_nodes(b: _Builder, frame: FrameFormat, crop_size: tuple[int, int], col
         raise GraphEditError(f"crop colour {colour!r} from {frame.order!r} frames: expected gray/rgb/bgr from "
                              f"rgb/bgr/nv12")
     crops = _bilinear_crop(b, frame, crop_size)
-    return _colour_nodes(b, crops, "rgb" if frame.order == "nv12" else frame.order, colour)
+    if frame.order == "nv12":
+        return _nv12_colour_nodes(b, crops, colour)
+    return _colour_nodes(b, crops, frame.order, colour)
 
 
 def crop_graph(frame: FrameFormat, crop_size: tuple[int, int], colour: Colour) -> onnx.ModelProto:

@@ -38,6 +38,7 @@ from pipeline.modelprep.frame_graphs import (
     FRAME_INPUT,
     IOU_THRESHOLD,
     MATRIX_INPUT,
+    NV12_INDEX_BYTES,
     SCORE_THRESHOLD,
     FrameFormat,
 )
@@ -88,6 +89,9 @@ class CudaFrameLane:
     def _state(self, fmt: FrameFormat) -> _FormatState:
         state = self._formats.get(fmt)
         if state is None:
+            if fmt.order == "nv12" and fmt.nbytes * self._rows >= NV12_INDEX_BYTES:
+                raise BackendError(f"{self.what}: {self._rows} NV12 frames of {fmt.width}x{fmt.height} exceed the "
+                                   f"{NV12_INDEX_BYTES >> 30} GiB the crop graph addresses; lower inference.max_batch")
             buffer = DeviceBuffer(f"{self.what} frames {fmt.width}x{fmt.height} {fmt.order}", fmt.nbytes * self._rows)
             state = self._formats[fmt] = _FormatState(buffer, fmt.nbytes)
         return state
