@@ -3,7 +3,7 @@
 # onnxruntime-gpu there). Usage there, from the project root, with the prepared models/ and a copy of the test
 # videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | session-probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
 #  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | groups |
-#  groups-sweep | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | nv12 | memory | interval-sweep | waits | multi-gpu)
+#  groups-sweep | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
 set -uo pipefail
@@ -265,19 +265,6 @@ case "${1:-check}" in
     python3 deploy/nvdec_latency_probe.py --memory .benchdata/video/group_1080p.mp4 .benchdata/video/group_1080p_ipp.mp4 \
       2> "$OUT/nvdec_memory.err" | tee "$OUT/nvdec_memory${TAG:-}.jsonl"
     tail -3 "$OUT/nvdec_memory.err"
-    ;;
-  nv12)  # NVDEC's NV12 frames through the frame graphs (this tree) against RGB frames (BASE=DIR, a copy of the commit
-    # before), alternated ROUNDS times: 8 cameras' memory in one process (bench memory `cams8`, the defaults) and 64
-    # cameras in 2 groups under MPS (interval 3, student, max_batch 32); CLIP as in memory/groups
-    ln -sfn "$PWD/.benchdata" "$BASE/.benchdata" && cp -n models/*.onnx models/*.json "$BASE/models/" 2>/dev/null
-    for round in ${ROUNDS:-1 2}; do
-      for tree in new base; do
-        dir=$PWD && [ "$tree" = base ] && dir=$BASE
-        (cd "$dir" && export PYTHONPATH="$HOME/site:$dir" && VARIANTS=cams8 DURATION=8 TAG="_${tree}_r$round" \
-          bash deploy/gpu-bench.sh memory && CAMS=64 PROCS=2 INTERVAL=3 DURATION=15 TAG="_${tree}_r$round" \
-          EXTRA="--max-batch 32 --set emotion.model=dlibface_student64" bash deploy/gpu-bench.sh groups)
-      done
-    done
     ;;
   ab)  # this tree against BASE=DIR (a copy of an older commit), 64 cameras of 1080p on the frame graphs path, run
     # alternately (new, base, new, base) in one session so drift shows; EXTRA: more bench pipeline options for both

@@ -10,11 +10,9 @@ memory) and reordered to BGR (`retrieve`), so the rest of the pipeline is unchan
 every loop cut NVDEC throughput to a quarter in the probe.
 
 With `keep_on_device` (the GPU frame path: inference.frame_path graph on cuda) `retrieve` does not copy to the host
-at all: the decoder outputs NVDEC's own NV12 (no RGB conversion; 8-bit streams), the frame is copied once, device to
-device, into a buffer of the source's `DevicePool`, and handed over as an `NvdecImage` (core.types.DeviceImage);
-the frame graphs convert it while they letterbox and crop (modelprep.frame_graphs), so a frame takes 3.1 MB of GPU
-memory at 1080p instead of RGB's 6.2 MB, in the decoder, the pool and the lanes' batch buffers. The copy is needed
-because NVDEC's output surface is reused by the next `Decode`.
+at all: the decoded RGB frame is copied once, device to device, into a buffer of the source's `DevicePool`, and
+handed over as an `NvdecImage` (core.types.DeviceImage); the letterbox, detector, NMS, crops and classifier then
+read it where it is. The copy is needed because NVDEC's output surface is reused by the next `Decode`.
 
 PyNvVideoCodec and cuda-python are imported only when a GPU source is opened; `nvdec_problem()` says why GPU
 decoding is unavailable (no package, no GPU), so `open_source` can fall back to the CPU with a log line.
@@ -107,16 +105,15 @@ class NvdecSource(VideoSource):
         self._stream: Any = self._cuda("cudaStreamCreateWithFlags (decoder stream)",
                                        self._runtime.cudaStreamCreateWithFlags(self._runtime.cudaStreamNonBlocking))
         latency = self._nvc.DisplayDecodeLatencyType
-        self._size = (int(self._demuxer.Width()), int(self._demuxer.Height()))
-        self._order: ChannelOrder = "nv12" if keep_on_device and self._nv12_out() else "rgb"
-        colour = self._nvc.OutputColorType.NATIVE if self._order == "nv12" else self._nvc.OutputColorType.RGB
         try:
             self._decoder = self._nvc.CreateDecoder(gpuid=gpu, codec=codec, usedevicememory=True,
-                                                    cudastream=int(self._stream), outputColorType=colour,
+                                                    cudastream=int(self._stream),
+                                                    outputColorType=self._nvc.OutputColorType.RGB,
                                                     latency=latency.LOW)
         except Exception as exc:  # noqa: BLE001 - PyNvVideoCodec raises its own types for unsupported codecs
             self._destroy_stream()
             raise SourceError(f"{label}: NVDEC cannot decode this stream ({type(exc).__name__}: {exc})") from exc
+        self._size = (int(self._demuxer.Width()), int(self._demuxer.Height()))
         fps = float(self._demuxer.FrameRate() or 0.0)
         self._pacer = pacer_for(fps) if paced else None
 
@@ -153,18 +150,6 @@ class NvdecSource(VideoSource):
         finally:
             del peek
         return reorders_frames(stamps)
-
-    def _nv12_out(self) -> bool:
-        """Whether NVDEC's own output is NV12 the frame graphs can read as it is (8-bit 4:2:0 of an even size: nearly
-        every camera's): half the GPU memory of RGB per frame, and no RGB conversion buffer in the decoder. Other
-        streams (10-bit HEVC) are converted to 8-bit RGB by PyNvVideoCodec, as before."""
-        width, height = self._size
-        try:
-            eight_bit = int(self._demuxer.BitDepth()) == 8
-        except (AttributeError, TypeError, ValueError) as exc:
-            log.debug("%s: bit depth unknown (%s): RGB frames", self._label, exc)
-            return False
-        return eight_bit and width % 2 == 0 and height % 2 == 0
 
     def grab(self, timeout: float) -> bool:
         if self._pacer is not None:
@@ -205,9 +190,8 @@ class NvdecSource(VideoSource):
             raise SourceError(f"{self._label}: retrieve() before grab()")
         width, height = self._size
         size = int(frame.framesize())
-        if size != self._frame_bytes():
-            layout = "8-bit 4:2:0 (NV12)" if self._order == "nv12" else "RGB"
-            raise SourceError(f"{self._label}: decoded frame of {size} bytes is not {layout} {width}x{height}")
+        if size != width * height * 3:
+            raise SourceError(f"{self._label}: decoded frame of {size} bytes is not RGB {width}x{height}")
         if self._keep_on_device:
             return self._device_copy(int(frame.GetPtrToPlane(0)))
         rgb = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(self._host_buffer(size)))
@@ -218,23 +202,18 @@ class NvdecSource(VideoSource):
                    self._runtime.cudaStreamSynchronize(self._stream))
         return cv2.cvtColor(rgb.reshape(height, width, 3), cv2.COLOR_RGB2BGR)
 
-    def _frame_bytes(self) -> int:
-        """One decoded frame: NV12 (luma, then half-resolution U/V pairs) or interleaved RGB."""
-        width, height = self._size
-        return width * height * 3 // 2 if self._order == "nv12" else width * height * 3
-
     def _device_copy(self, src: int) -> NvdecImage:
         """Copy NVDEC's output surface into a pool buffer of our own (the surface is reused by the next Decode)."""
         width, height = self._size
         if self._pool is None:
-            self._pool = DevicePool(self._label, self._frame_bytes(), self._runtime, self._stream)
+            self._pool = DevicePool(self._label, width * height * 3, self._runtime, self._stream)
         buffer = self._pool.acquire()
         try:
             self._pool.copy(buffer, src)
         except SourceError:
             self._pool.release(buffer)
             raise
-        return NvdecImage(self._pool, buffer, (height, width, 3), self._order)
+        return NvdecImage(self._pool, buffer, (height, width, 3))
 
     def _host_buffer(self, size: int) -> int:
         if self._pinned_bytes < size:
@@ -258,8 +237,7 @@ class NvdecSource(VideoSource):
     def describe(self) -> str:
         width, height = self._size
         order = "no B-frames: no frame held" if self._end_of_picture else "B-frames: held for display order"
-        kept = f", {self._order.upper()} frames kept on the GPU" if self._keep_on_device else ""
-        return f"{self._label} {width}x{height} (NVDEC on GPU {self._gpu}, {order}{kept})"
+        return f"{self._label} {width}x{height} (NVDEC on GPU {self._gpu}, {order})"
 
     def close(self) -> None:
         self._pending.clear()
@@ -363,15 +341,14 @@ class DevicePool:
 
 
 class NvdecImage:
-    """One decoded frame (NV12, or RGB for streams that are not 8-bit) in a DevicePool buffer (a
-    core.types.DeviceImage); the buffer returns to the pool when the last reference to the image goes (a weakref
-    finaliser: CPython runs it at once, on the dropping thread).
+    """One decoded RGB frame in a DevicePool buffer (a core.types.DeviceImage); the buffer returns to the pool when
+    the last reference to the image goes (a weakref finaliser: CPython runs it at once, on the dropping thread).
 
     Safe because whoever reads the pixels on the GPU (a lane copying them into its batch) holds the image until its
     stream has finished with them."""
 
-    def __init__(self, pool: DevicePool, buffer: int, shape: tuple[int, int, int], order: ChannelOrder = "rgb") -> None:
-        self._pool, self._buffer, self._shape, self._order = pool, buffer, shape, order
+    def __init__(self, pool: DevicePool, buffer: int, shape: tuple[int, int, int]) -> None:
+        self._pool, self._buffer, self._shape = pool, buffer, shape
         weakref.finalize(self, pool.release, buffer)
 
     @property
@@ -380,20 +357,15 @@ class NvdecImage:
 
     @property
     def order(self) -> ChannelOrder:
-        return self._order
+        return "rgb"
 
     @property
     def ptr(self) -> int:
         return self._buffer
 
     def to_host(self) -> np.ndarray:
-        """BGR pixels on the host (for the preview): a synchronous copy down and OpenCV's conversion (for NV12 the
-        same formula the frame graphs use, so the preview shows what they read)."""
+        """BGR pixels on the host (for the preview): a synchronous copy down and a reorder."""
         height, width, _ = self._shape
-        if self._order == "nv12":
-            nv12 = np.empty((height * 3 // 2, width), np.uint8)
-            self._pool.download(self._buffer, nv12)
-            return cv2.cvtColor(nv12, cv2.COLOR_YUV2BGR_NV12)
         rgb = np.empty((height, width, 3), np.uint8)
         self._pool.download(self._buffer, rgb)
         return cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)

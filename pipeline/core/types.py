@@ -16,15 +16,12 @@ EMOTIONS: tuple[str, ...] = ("angry", "disgust", "fear", "happy", "sad", "surpri
 CameraState = Literal["starting", "streaming", "stalled", "reconnecting", "stopped", "ended"]
 
 
-ChannelOrder = Literal["rgb", "bgr", "nv12"]
-"""How a frame's pixels lie: interleaved H x W x 3 in that channel order, or "nv12" (NVDEC's own output): the H x W
-luma plane, then H/2 rows of W/2 interleaved U, V pairs, 3H/2 x W bytes in all (ITU-R BT.601, limited range)."""
+ChannelOrder = Literal["rgb", "bgr"]
 
 
 @runtime_checkable
 class DeviceImage(Protocol):
-    """A decoded frame that stays in GPU memory (NVDEC's output): uint8 pixels laid out as `order` says; `shape` is
-    the picture's (H, W, 3) whatever the layout.
+    """A decoded frame that stays in GPU memory (NVDEC's output): H x W x 3 uint8, interleaved, in `order`.
 
     Its memory is the image's own and stays valid while the object is referenced; dropping the last reference gives
     it back to the camera's pool. Only the GPU frame path reads `ptr`; anything that needs pixels on the host (the

@@ -8,9 +8,6 @@ come back to the host: ONNX Runtime's CUDA provider runs the whole chain.
   needs no rebuild.
 - `crop_classify_graph`: uint8 frames + one inverse affine matrix per face (vision.align's matrices, inverted) → a
   bilinear, border-replicating crop (cv2.warpAffine's) in the classifier's colour → the prepared classifier.
-- Frames come interleaved (RGB/BGR, H x W x 3) or as NVDEC's NV12 (luma, then half-resolution U/V pairs: half the
-  bytes); NV12 is converted inside the graphs with cv2's own integer formula, the detector's letterbox at half
-  resolution, each crop's four neighbours per sample.
 
 Every formula is the host's (vision.retinaface, vision.align, cv2), re-expressed with ops that ONNX Runtime's CUDA
 provider and TensorRT both run (no Loop/If, no GridSample/RoiAlign); tests/test_frame_graphs.py measures the
@@ -62,19 +59,11 @@ PREFIX = "fg_"
 # Opset 13 has every op used here in its current form (Unsqueeze/Pad/Clip/ReduceSum take axes/pads/bounds as inputs);
 # later opsets only add optional inputs or attributes whose defaults keep these semantics.
 MIN_OPSET = 13
-NV12_INDEX_BYTES = 2**31  # the crop's int32 indices address an NV12 batch of fewer bytes (the lane checks)
 CLASSIFIER_OPSET = 17
 # cv2's COLOR_BGR2GRAY for uint8 in the pinned OpenCV 5.0: (9798 R + 19235 G + 3735 B + 2^14) >> 15, exact integer
 # arithmetic (measured on 200,000 random colours: 0 differences; OpenCV 4's 14-bit 4899/9617/1868 differs in 521).
 GRAY_BITS = 15
 GRAY_RGB = (9798.0, 19235.0, 3735.0)
-# cv2's COLOR_YUV2RGB_NV12 (ITU-R BT.601, limited range, each chroma sample for its 2x2 block), in its own integers:
-# channel = (1220542 max(Y - 16, 0) + cu (U - 128) + cv (V - 128) + 2^19) >> 20, clipped to 0-255 (measured against
-# cv2 on random NV12: 0 differences). FFmpeg's default for untagged video and NVDEC's RGB agree with it to within a
-# grey level or two (tests/test_nvdec.py).
-YUV_SHIFT = 20
-YUV_LUMA = 1220542
-YUV_CHROMA = {"r": (0, 1673527), "g": (-409993, -852492), "b": (2116026, 0)}  # (cu, cv)
 
 Order = ChannelOrder
 Colour = Literal["gray", "rgb", "bgr"]
@@ -82,23 +71,11 @@ Colour = Literal["gray", "rgb", "bgr"]
 
 @dataclass(frozen=True)
 class FrameFormat:
-    """The frames a graph takes: fixed size (a graph is built per camera resolution) and channel order ("nv12": NVDEC's
-    own output, H x W luma then H/2 x W/2 interleaved U, V: half the bytes of RGB)."""
+    """The frames a graph takes: fixed size (a graph is built per camera resolution) and channel order."""
 
     width: int
     height: int
     order: Order  # the channel order of incoming frames
-
-    @property
-    def frame_shape(self) -> tuple[int, ...]:
-        """One frame's uint8 array: (H, W, 3) interleaved, or (3H/2, W) for NV12."""
-        if self.order == "nv12":
-            return (self.height * 3 // 2, self.width)
-        return (self.height, self.width, 3)
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.frame_shape))
 
 
 @dataclass(frozen=True)
@@ -210,66 +187,6 @@ def _conv_halving(b: _Builder, frames: str, frame: FrameFormat, half: bool) -> s
     return b.op("Floor", b.op("Add", x, b.const(0.5, dtype)))
 
 
-def _nv12_planes(b: _Builder, frames: str, frame: FrameFormat) -> tuple[str, str]:
-    """NV12 frames [B, 3H/2, W] → (luma [B, 1, H, W], chroma [B, 2, H/2, W/2]), both still uint8."""
-    axis = b.const([1], np.int64)
-    luma = b.op("Slice", frames, b.const([0], np.int64), b.const([frame.height], np.int64), axis)
-    chroma = b.op("Slice", frames, b.const([frame.height], np.int64), b.const([frame.height * 3 // 2], np.int64),
-                  axis)
-    chroma = b.op("Reshape", chroma, b.const([0, frame.height // 2, frame.width // 2, 2], np.int64))
-    return b.op("Unsqueeze", luma, axis), b.op("Transpose", chroma, perm=[0, 3, 1, 2])
-
-
-def _yuv_channels(b: _Builder, yuv: str, axis: int) -> dict[str, str]:
-    """cv2's NV12 conversion formula on float Y, U, V (channels 0-2 of `axis`; averages and interpolations too): R,
-    G and B by name, each keeping `axis` (size 1), float32 of whole values 0-255, rounded once. On whole Y, U, V it
-    gives cv2's bytes except where float32 rounding meets an exact half (none in the tests)."""
-    scale = float(1 << YUV_SHIFT)
-    axes = b.const([axis], np.int64)
-    luma, u, v = (b.op("Slice", yuv, b.const([k], np.int64), b.const([k + 1], np.int64), axes) for k in range(3))
-    y = b.op("Mul", b.op("Max", b.op("Sub", luma, b.const(16.0)), b.const(0.0)), b.const(YUV_LUMA / scale))
-    u, v = b.op("Sub", u, b.const(128.0)), b.op("Sub", v, b.const(128.0))
-    channels = {}
-    for name in "rgb":
-        x = b.op("Add", y, b.const(0.5))
-        for weight, value in zip(YUV_CHROMA[name], (u, v)):
-            if weight:
-                x = b.op("Add", x, b.op("Mul", value, b.const(weight / scale)))
-        channels[name] = b.op("Clip", b.op("Floor", x), b.const(0.0), b.const(255.0))
-    return channels
-
-
-def _yuv_colour(b: _Builder, yuv: str, order: str, axis: int) -> str:
-    """`_yuv_channels` concatenated on `axis` in `order` ("rgb"/"bgr")."""
-    channels = _yuv_channels(b, yuv, axis)
-    return b.op("Concat", *(channels[name] for name in order), axis=axis)
-
-
-def _nv12_bgr(b: _Builder, frames: str, frame: FrameFormat, plan: LetterboxPlan, half: bool) -> tuple[str, int]:
-    """NV12 frames → float32 BGR NCHW of whole values, and the 2x2 halvings already done (0 or 1).
-
-    With a halving to come, the luma is halved first (a stride-2 Conv, exact in float16 as `_conv_halving`) and
-    converted at half resolution with its blocks' chroma: a quarter of the conversion's arithmetic and no
-    full-resolution colour tensor. By linearity that is the mean of the block's four converted pixels, rounded once
-    instead of four times and clipped after the mean: within a grey level of cv2's conversion followed by its 2x2
-    INTER_AREA except near saturation. Without a halving (frames no larger than the detector's input) the chroma is
-    repeated to every pixel and the frame converted as cv2 converts it."""
-    luma, chroma = _nv12_planes(b, frames, frame)
-    if plan.halvings == 0:
-        rows = b.const(np.arange(frame.height) // 2, np.int64)
-        chroma = b.op("Gather", b.op("Gather", chroma, rows, axis=2), b.const(np.arange(frame.width) // 2, np.int64),
-                      axis=3)
-        yuv = b.op("Cast", b.op("Concat", luma, chroma, axis=1), to=TensorProto.FLOAT)
-        return _yuv_colour(b, yuv, "bgr", axis=1), 0
-    dtype = np.float16 if half else np.float32
-    x = b.op("Cast", luma, to=TensorProto.FLOAT16 if half else TensorProto.FLOAT)
-    x = b.op("Conv", x, b.const(np.full((1, 1, 2, 2), 0.25, dtype), dtype), kernel_shape=[2, 2], strides=[2, 2])
-    if half:
-        x = b.op("Cast", x, to=TensorProto.FLOAT)
-    yuv = b.op("Concat", x, b.op("Cast", chroma, to=TensorProto.FLOAT), axis=1)
-    return _yuv_colour(b, yuv, "bgr", axis=1), 1
-
-
 def _letterbox_nodes(b: _Builder, frames: str, frame: FrameFormat, plan: LetterboxPlan,
                      halve_in_fp16: bool = False, conv_halving: bool = False) -> str:
     """Nodes from uint8 NHWC frames to the uint8 NHWC BGR detector input, reproducing letterbox()/shrink().
@@ -283,16 +200,13 @@ def _letterbox_nodes(b: _Builder, frames: str, frame: FrameFormat, plan: Letterb
     pass, and still exact: a 2x2 sum of uint8 is at most 1020 and its quarters are multiples of 0.25, all of which
     float16 represents exactly. (ONNX Runtime's CPU provider has no float16 AveragePool, so the CPU keeps float32.)"""
     half = halve_in_fp16 and plan.halvings > 0
+    dtype = np.float16 if half else np.float32
     pooled = 0
-    if frame.order == "nv12":
-        x, pooled = _nv12_bgr(b, frames, frame, plan, half)
-        half = False  # float32 from here: the rest is at half resolution or less
-    elif conv_halving and plan.halvings > 0:
+    if conv_halving and plan.halvings > 0:
         x, pooled = _conv_halving(b, frames, frame, half), 1
     else:
         x = b.op("Transpose", frames, perm=[0, 3, 1, 2])  # on uint8: the float cast below is the one big copy
         x = b.op("Cast", x, to=TensorProto.FLOAT16 if half else TensorProto.FLOAT)
-    dtype = np.float16 if half else np.float32
     for _ in range(plan.halvings - pooled):
         x = b.op("AveragePool", x, kernel_shape=[2, 2], strides=[2, 2])
         x = b.op("Floor", b.op("Add", x, b.const(0.5, dtype)))
@@ -313,10 +227,8 @@ def _letterbox_nodes(b: _Builder, frames: str, frame: FrameFormat, plan: Letterb
 
 
 def _frames_info(frame: FrameFormat) -> onnx.ValueInfoProto:
-    """`frames` with a static frame shape (the geometry is fixed at build time) and a dynamic batch."""
-    if frame.order == "nv12" and (frame.width % 2 or frame.height % 2):
-        raise GraphEditError(f"NV12 frames have an even width and height, not {frame.width}x{frame.height}")
-    return helper.make_tensor_value_info(FRAME_INPUT, TensorProto.UINT8, ["batch", *frame.frame_shape])
+    """`frames` with static H, W (the geometry is fixed at build time) and a dynamic batch."""
+    return helper.make_tensor_value_info(FRAME_INPUT, TensorProto.UINT8, ["batch", frame.height, frame.width, 3])
 
 
 def _standalone(b: _Builder, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
@@ -521,75 +433,36 @@ def _sample_points(b: _Builder, crop_size: tuple[int, int]) -> tuple[str, str]:
     return coords[0], coords[1]
 
 
-def _neighbours(b: _Builder, coord: str, limit: int, index: int = TensorProto.INT64) -> tuple[str, str, str]:
+def _neighbours(b: _Builder, coord: str, limit: int) -> tuple[str, str, str]:
     """Clamp a coordinate to [0, limit - 1] (bilinear + clamping = cv2's BORDER_REPLICATE), then its two
-    neighbouring pixel indices (of type `index`) and the fraction towards the second."""
+    neighbouring pixel indices (int64) and the fraction towards the second."""
     coord = b.op("Clip", coord, b.const(0.0), b.const(float(limit - 1)))
     low = b.op("Floor", coord)
     high = b.op("Min", b.op("Add", low, b.const(1.0)), b.const(float(limit - 1)))
     fraction = b.op("Unsqueeze", b.op("Sub", coord, low), b.const([3], np.int64))
-    return b.op("Cast", low, to=index), b.op("Cast", high, to=index), fraction
-
-
-def _interleaved_corners(b: _Builder, frame: FrameFormat, image: str, rows: tuple[str, str],
-                         cols: tuple[str, str]) -> list[str]:
-    """The four neighbours [F, h, w, 3] (float) of every sample, from the batch seen as [B*H*W, 3] uint8 at
-    (frame * H + y) * W + x (int64: the index passes 2^24 with a 1080p batch)."""
-    first_row = b.op("Mul", image, b.const(frame.height, np.int64))
-    pixels = b.op("Reshape", FRAME_INPUT, b.const([-1, 3], np.int64))
-    width = b.const(frame.width, np.int64)
-    corners = []
-    for row in rows:
-        start = b.op("Mul", b.op("Add", first_row, row), width)
-        for col in cols:
-            gathered = b.op("Gather", pixels, b.op("Add", start, col), axis=0)
-            corners.append(b.op("Cast", gathered, to=TensorProto.FLOAT))
-    return corners
-
-
-def _nv12_corners(b: _Builder, frame: FrameFormat, image: str, rows: tuple[str, str],
-                  cols: tuple[str, str]) -> list[str]:
-    """The four neighbours as Y, U, V [F, h, w, 3] (float): each pixel's luma and its 2x2 block's chroma pair,
-    gathered from the batch's bytes, luma at frame * 3HW/2 + y W + x, the pair (seen as [-1, 2]) at
-    (frame * 3HW/2 + HW) / 2 + (y / 2) W/2 + x / 2. The indices are int32 (`rows`, `cols` too): eight index
-    tensors of a crop's size then take the arena what four int64 ones take on the interleaved path (measured on the
-    CPU, 128 faces of 150 px from 16 1080p frames: peak 247 MB against 341 with int64, 278 from RGB frames). So a
-    batch buffer must stay under NV12_INDEX_BYTES (690 1080p frames; CudaFrameLane refuses more)."""
-    width, half_width = b.const(frame.width, np.int32), b.const(frame.width // 2, np.int32)
-    two = b.const(2, np.int32)
-    luma = b.op("Reshape", FRAME_INPUT, b.const([-1], np.int64))
-    pairs = b.op("Reshape", FRAME_INPUT, b.const([-1, 2], np.int64))
-    image = b.op("Cast", image, to=TensorProto.INT32)
-    start = b.op("Mul", image, b.const(frame.nbytes, np.int32))
-    pair_start = b.op("Mul", image, b.const(frame.nbytes // 2, np.int32))
-    pair_start = b.op("Add", pair_start, b.const(frame.width * frame.height // 2, np.int32))
-    corners = []
-    for row in rows:
-        luma_row = b.op("Add", start, b.op("Mul", row, width))
-        pair_row = b.op("Add", pair_start, b.op("Mul", b.op("Div", row, two), half_width))
-        for col in cols:
-            y = b.op("Unsqueeze", b.op("Gather", luma, b.op("Add", luma_row, col), axis=0), b.const([3], np.int64))
-            uv = b.op("Gather", pairs, b.op("Add", pair_row, b.op("Div", col, two)), axis=0)
-            corners.append(b.op("Cast", b.op("Concat", y, uv, axis=3), to=TensorProto.FLOAT))
-    return corners
+    return b.op("Cast", low, to=TensorProto.INT64), b.op("Cast", high, to=TensorProto.INT64), fraction
 
 
 def _bilinear_crop(b: _Builder, frame: FrameFormat, crop_size: tuple[int, int]) -> str:
     """cv2.warpAffine(INTER_LINEAR, BORDER_REPLICATE) of every face from its frame: [F, h, w, 3] float, rounded to
-    the integers cv2 gives, channels in the frame's order. From NV12 frames: Y, U and V interpolated, not rounded
-    (the caller converts them: within a grey level of cv2.cvtColor followed by warpAffine, with no colour tensor
-    per neighbour)."""
+    the integers cv2 gives, channels in the frame's order. The four neighbours are gathered from the whole batch
+    seen as [B*H*W, 3] uint8 at (frame * H + y) * W + x (int64: the index passes 2^24 with a 1080p batch)."""
     x, y = _sample_points(b, crop_size)
-    index = TensorProto.INT32 if frame.order == "nv12" else TensorProto.INT64  # see _nv12_corners
-    x0, x1, fx = _neighbours(b, x, frame.width, index)
-    y0, y1, fy = _neighbours(b, y, frame.height, index)
+    x0, x1, fx = _neighbours(b, x, frame.width)
+    y0, y1, fy = _neighbours(b, y, frame.height)
     image = b.op("Unsqueeze", FRAME_INDEX_INPUT, b.const([1, 2], np.int64))  # [F, 1, 1]
-    corners = (_nv12_corners if frame.order == "nv12" else _interleaved_corners)(b, frame, image, (y0, y1), (x0, x1))
+    first_row = b.op("Mul", image, b.const(frame.height, np.int64))
+    pixels = b.op("Reshape", FRAME_INPUT, b.const([-1, 3], np.int64))
+    width = b.const(frame.width, np.int64)
+    corners = []
+    for row in (y0, y1):
+        start = b.op("Mul", b.op("Add", first_row, row), width)
+        for col in (x0, x1):
+            gathered = b.op("Gather", pixels, b.op("Add", start, col), axis=0)
+            corners.append(b.op("Cast", gathered, to=TensorProto.FLOAT))
     top = b.op("Add", corners[0], b.op("Mul", fx, b.op("Sub", corners[1], corners[0])))
     bottom = b.op("Add", corners[2], b.op("Mul", fx, b.op("Sub", corners[3], corners[2])))
     value = b.op("Add", top, b.op("Mul", fy, b.op("Sub", bottom, top)))
-    if frame.order == "nv12":  # Y, U, V interpolated, converted by the caller (affine up to clipping and rounding)
-        return value
     return b.op("Clip", b.op("Round", value), b.const(0.0), b.const(255.0))
 
 
@@ -598,27 +471,11 @@ def _colour_nodes(b: _Builder, x: str, order: Order, colour: Colour) -> str:
     BGR2GRAY integer formula (GRAY_RGB), exact in float32 (every partial sum is an integer below 2^24)."""
     if colour == "gray":
         weights = GRAY_RGB if order == "rgb" else GRAY_RGB[::-1]
-        x = _grey(b, b.op("ReduceSum", b.op("Mul", x, b.const(weights)), b.const([3], np.int64), keepdims=1))
+        total = b.op("ReduceSum", b.op("Mul", x, b.const(weights)), b.const([3], np.int64), keepdims=1)
+        x = b.op("Floor", b.op("Div", b.op("Add", total, b.const(float(1 << (GRAY_BITS - 1)))),
+                               b.const(float(1 << GRAY_BITS))))
     elif colour != order:
         x = b.op("Gather", x, b.const([2, 1, 0], np.int64), axis=3)
-    return b.op("Cast", x, to=TensorProto.UINT8)
-
-
-def _grey(b: _Builder, total: str) -> str:
-    """cv2's rounding of the weighted sum R 9798 + G 19235 + B 3735 to a grey level."""
-    return b.op("Floor", b.op("Div", b.op("Add", total, b.const(float(1 << (GRAY_BITS - 1)))),
-                              b.const(float(1 << GRAY_BITS))))
-
-
-def _nv12_colour_nodes(b: _Builder, yuv: str, colour: Colour) -> str:
-    """Interpolated Y, U, V [F, h, w, 3] → the classifier's `colour`, uint8 [F, h, w, C]; grey straight from the
-    three converted channels (no RGB tensor: the crop's largest)."""
-    channels = _yuv_channels(b, yuv, axis=3)
-    if colour == "gray":
-        terms = [b.op("Mul", channels[name], b.const(weight)) for name, weight in zip("rgb", GRAY_RGB)]
-        x = _grey(b, b.op("Add", b.op("Add", terms[0], terms[1]), terms[2]))
-    else:
-        x = b.op("Concat", *(channels[name] for name in colour), axis=3)
     return b.op("Cast", x, to=TensorProto.UINT8)
 
 
@@ -631,13 +488,9 @@ def _crop_inputs(frame: FrameFormat) -> list[onnx.ValueInfoProto]:
 
 def _crop_nodes(b: _Builder, frame: FrameFormat, crop_size: tuple[int, int], colour: Colour) -> str:
     """The whole crop part; the colour names are checked here because they arrive from manifests and configs."""
-    if colour not in ("gray", "rgb", "bgr") or frame.order not in ("rgb", "bgr", "nv12"):
-        raise GraphEditError(f"crop colour {colour!r} from {frame.order!r} frames: expected gray/rgb/bgr from "
-                             f"rgb/bgr/nv12")
-    crops = _bilinear_crop(b, frame, crop_size)
-    if frame.order == "nv12":
-        return _nv12_colour_nodes(b, crops, colour)
-    return _colour_nodes(b, crops, frame.order, colour)
+    if colour not in ("gray", "rgb", "bgr") or frame.order not in ("rgb", "bgr"):
+        raise GraphEditError(f"crop colour {colour!r} from {frame.order!r} frames: expected gray/rgb/bgr from rgb/bgr")
+    return _colour_nodes(b, _bilinear_crop(b, frame, crop_size), frame.order, colour)
 
 
 def crop_graph(frame: FrameFormat, crop_size: tuple[int, int], colour: Colour) -> onnx.ModelProto:

@@ -288,18 +288,15 @@ def decoder_kind(captures: list[CaptureThread]) -> str:
 
 
 def video_format(video: Path, nvdec: bool) -> FrameFormat | None:
-    """The frame format the cameras will deliver: the clip's size, NV12 from NVDEC (RGB for an odd size) or BGR from
-    OpenCV (a camera that falls back to the CPU, or a 10-bit clip NVDEC gives as RGB, brings a format not prepared
-    here: the first batch prepares it, late). None when the source is not a readable file (the demo clip): its
-    format is prepared by the first batch."""
+    """The frame format the cameras will deliver: the clip's size, RGB from NVDEC or BGR from OpenCV (a camera that
+    falls back to the CPU brings a format not prepared here: the first batch prepares it, late). None when the
+    source is not a readable file (the demo clip): its format is prepared by the first batch."""
     cap = cv2.VideoCapture(str(video))
     size = int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
     cap.release()
     if min(size) <= 0:
         return None
-    if not nvdec or nvdec_problem() is not None:
-        return FrameFormat(size[0], size[1], "bgr")
-    return FrameFormat(size[0], size[1], "rgb" if size[0] % 2 or size[1] % 2 else "nv12")
+    return FrameFormat(size[0], size[1], "rgb" if nvdec and nvdec_problem() is None else "bgr")
 
 
 def _batch_stats(perceptions: list[Analyzer]) -> dict[str, Any]:

@@ -1,8 +1,7 @@
 """One CUDA lane of the frame graphs path: a batch of whole frames in GPU memory, read by both graphs in place.
 
-Per frame format the lane owns one device buffer of `max_batch` frames (NV12 from NVDEC: half RGB's bytes). detect()
-fills its first rows, on the lane's stream: device to device from an NVDEC frame (core.types.DeviceImage), host to
-device from a CPU-decoded one. Both
+Per frame format the lane owns one device buffer of `max_batch` frames. detect() fills its first rows, on the lane's
+stream: device to device from an NVDEC frame (core.types.DeviceImage), host to device from a CPU-decoded one. Both
 graphs are bound to that buffer with ONNX Runtime's I/O binding (no numpy copy of a frame anywhere); only the
 thresholds, the crop matrices and the frame index of each face go up, and only faces and probabilities come down.
 
@@ -38,7 +37,6 @@ from pipeline.modelprep.frame_graphs import (
     FRAME_INPUT,
     IOU_THRESHOLD,
     MATRIX_INPUT,
-    NV12_INDEX_BYTES,
     SCORE_THRESHOLD,
     FrameFormat,
 )
@@ -89,11 +87,9 @@ class CudaFrameLane:
     def _state(self, fmt: FrameFormat) -> _FormatState:
         state = self._formats.get(fmt)
         if state is None:
-            if fmt.order == "nv12" and fmt.nbytes * self._rows >= NV12_INDEX_BYTES:
-                raise BackendError(f"{self.what}: {self._rows} NV12 frames of {fmt.width}x{fmt.height} exceed the "
-                                   f"{NV12_INDEX_BYTES >> 30} GiB the crop graph addresses; lower inference.max_batch")
-            buffer = DeviceBuffer(f"{self.what} frames {fmt.width}x{fmt.height} {fmt.order}", fmt.nbytes * self._rows)
-            state = self._formats[fmt] = _FormatState(buffer, fmt.nbytes)
+            frame_bytes = fmt.width * fmt.height * 3
+            buffer = DeviceBuffer(f"{self.what} frames {fmt.width}x{fmt.height}", frame_bytes * self._rows)
+            state = self._formats[fmt] = _FormatState(buffer, frame_bytes)
         return state
 
     def _detect_session(self, fmt: FrameFormat, state: _FormatState, bucket: int) -> tuple[Any, Any]:
@@ -115,7 +111,7 @@ class CudaFrameLane:
         """Create and run every session of this format once (zeros in, results dropped)."""
         with self._lock:
             state = self._state(fmt)
-        zeros = np.zeros(fmt.frame_shape, np.uint8)
+        zeros = np.zeros((fmt.height, fmt.width, 3), np.uint8)
         thresholds = {SCORE_THRESHOLD: np.array([0.5], np.float32), IOU_THRESHOLD: np.array([0.4], np.float32)}
         for bucket in sorted({padded_size(n, self._step, self._frame_cap) for n in range(1, self._frame_cap + 1)}):
             self.detect([zeros] * bucket, fmt, thresholds)
@@ -148,7 +144,7 @@ class CudaFrameLane:
         count = run.stop - run.start
         bucket = padded_size(count, self._step, self._frame_cap)
         session, binding = self._detect_session(fmt, state, bucket)
-        binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [bucket, *fmt.frame_shape],
+        binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [bucket, fmt.height, fmt.width, 3],
                            state.frames.ptr + run.start * state.frame_bytes)
         for name, value in thresholds.items():
             binding.bind_cpu_input(name, value)
@@ -185,7 +181,8 @@ class CudaFrameLane:
             self._live_stream()
             state = self._state(fmt)
             session, binding = self._classify_session(fmt, state, bucket)
-            binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [self._rows, *fmt.frame_shape], state.frames.ptr)
+            binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [self._rows, fmt.height, fmt.width, 3],
+                               state.frames.ptr)
             binding.bind_cpu_input(MATRIX_INPUT, padded_matrices)
             binding.bind_cpu_input(FRAME_INDEX_INPUT, padded_index)
             binding.clear_binding_outputs()
