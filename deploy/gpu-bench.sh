@@ -3,7 +3,8 @@
 # onnxruntime-gpu there). Usage there, from the project root, with the prepared models/ and a copy of the test
 # videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | session-probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
 #  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | groups |
-#  groups-sweep | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu)
+#  groups-sweep | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu |
+#  cuda-handles)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
 set -uo pipefail
@@ -23,6 +24,9 @@ case "${1:-check}" in
   session-probe)  # issue 25 item 3: what each further CUDA session costs with the shared arena, per option
     python3 deploy/ort_cuda_probe.py models/retinaface_mnet025.fp16.onnx --sessions ${SESSION_VARIANTS:-} \
       | tee "$OUT/session_probe${TAG:-}.jsonl"
+    ;;
+  cuda-handles)  # issue 25: host memory (VmRSS) of each cuDNN / cuBLAS / cuBLASLt handle and of each further CUDA session
+    python3 deploy/cuda_handle_probe.py models/retinaface_mnet025.fp16.onnx 3 3 | tee "$OUT/cuda_handles${TAG:-}.jsonl"
     ;;
   engine)
     python3 run_pipeline.py bench engine --model emotion --device cuda --precision fp32,fp16,int8 \
