@@ -3,7 +3,10 @@
 Why five points and a generic face: RetinaFace already gives both eyes, the nose tip and both mouth corners; a small
 Perspective-n-Point fit of those against an average adult face (millimetres, symmetric about the nose) gives the
 head's rotation for about 0.1 ms, with no extra model. The camera is a pinhole whose focal length comes from its
-horizontal field of view (cameras[].placement.hfov_deg), centred on the frame.
+horizontal field of view (cameras[].placement.hfov_deg), centred on the frame. The fit is the only OpenCV call: the
+rotation matrix and the angles are plain Python, because every OpenCV call gives the GIL away and taking it back
+among a camera group's busy threads cost more than the arithmetic (deploy/head_pose_probe.py: 8 threads fitting
+beside 2 busy ones made 1.7x the fits a second without cv2.Rodrigues; BENCHMARKS.md).
 
 Angles, in degrees, in the camera's frame (x right, y down, z forward, as OpenCV's): yaw is the head's turn about the
 vertical axis (positive: the face turns towards the image's right), pitch its nod (positive: the face tilts up),
@@ -50,17 +53,33 @@ def head_pose(landmarks: np.ndarray, frame_size: tuple[int, int], hfov_deg: floa
         ok, rvec, tvec = cv2.solvePnP(FACE_MODEL, points, camera, None, flags=cv2.SOLVEPNP_SQPNP)
     except cv2.error:
         return None
-    if not ok or not np.all(np.isfinite(tvec)) or float(tvec[2, 0]) <= 0:
+    translation = [float(v) for v in tvec.reshape(3)]
+    if not ok or not all(map(math.isfinite, translation)) or translation[2] <= 0:
         return None
-    rotation, _ = cv2.Rodrigues(rvec)
-    yaw = math.degrees(math.asin(max(-1.0, min(1.0, -float(rotation[2, 0])))))
-    pitch = math.degrees(math.atan2(float(rotation[2, 1]), float(rotation[2, 2])))
-    roll = math.degrees(math.atan2(float(rotation[1, 0]), float(rotation[0, 0])))
-    return HeadPose(round(-yaw, 2), round(-pitch, 2), round(roll, 2), _looking(rotation, tvec, cone_deg))
+    rotation = rotation_matrix([float(v) for v in rvec.reshape(3)])
+    yaw = math.degrees(math.asin(max(-1.0, min(1.0, -rotation[2][0]))))
+    pitch = math.degrees(math.atan2(rotation[2][1], rotation[2][2]))
+    roll = math.degrees(math.atan2(rotation[1][0], rotation[0][0]))
+    return HeadPose(round(-yaw, 2), round(-pitch, 2), round(roll, 2), _looking(rotation, translation, cone_deg))
 
 
-def _looking(rotation: np.ndarray, tvec: np.ndarray, cone_deg: float) -> bool:
+def rotation_matrix(rvec: list[float]) -> list[list[float]]:
+    """cv2.Rodrigues of a rotation vector (Rodrigues' formula), in plain Python: the fit's only other OpenCV call,
+    and each OpenCV call gives the GIL away and must take it back, which among a camera group's busy threads cost
+    more than the arithmetic (deploy/head_pose_probe.py; BENCHMARKS.md)."""
+    theta = math.sqrt(sum(v * v for v in rvec))
+    if theta < 1e-12:
+        return [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
+    x, y, z = (v / theta for v in rvec)
+    c, s = math.cos(theta), math.sin(theta)
+    t = 1.0 - c
+    return [[c + t * x * x, t * x * y - s * z, t * x * z + s * y],
+            [t * y * x + s * z, c + t * y * y, t * y * z - s * x],
+            [t * z * x - s * y, t * z * y + s * x, c + t * z * z]]
+
+
+def _looking(rotation: list[list[float]], translation: list[float], cone_deg: float) -> bool:
     """Whether the face's forward direction (towards the camera: -z of the model) points at the camera centre."""
-    forward = rotation @ np.array([0.0, 0.0, -1.0])
-    to_camera = -tvec[:, 0] / float(np.linalg.norm(tvec))
-    return math.degrees(math.acos(max(-1.0, min(1.0, float(forward @ to_camera))))) <= cone_deg
+    distance = math.sqrt(sum(v * v for v in translation))
+    cosine = sum(row[2] * v for row, v in zip(rotation, translation)) / distance  # forward . (-t / |t|)
+    return math.degrees(math.acos(max(-1.0, min(1.0, cosine)))) <= cone_deg
