@@ -53,8 +53,10 @@ def head_pose(landmarks: np.ndarray, frame_size: tuple[int, int], hfov_deg: floa
         ok, rvec, tvec = cv2.solvePnP(FACE_MODEL, points, camera, None, flags=cv2.SOLVEPNP_SQPNP)
     except cv2.error:
         return None
-    translation = [float(v) for v in tvec.reshape(3)]
-    if not ok or not all(map(math.isfinite, translation)) or translation[2] <= 0:
+    if not ok:
+        return None
+    translation = [float(v) for v in np.asarray(tvec).reshape(3)]
+    if not all(map(math.isfinite, translation)) or translation[2] <= 0:
         return None
     rotation = rotation_matrix([float(v) for v in rvec.reshape(3)])
     yaw = math.degrees(math.asin(max(-1.0, min(1.0, -rotation[2][0]))))
