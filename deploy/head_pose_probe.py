@@ -6,7 +6,7 @@ Python. This probe fits the faces RetinaFace finds in a few group_1080p.mp4 fram
 FITTERS threads at once beside BUSY threads that only run Python, and reports each fit's thread CPU and wall time.
 Run it on two trees alternately to compare implementations (BENCHMARKS.md names the commands).
 
-    python deploy/head_pose_probe.py [SECONDS] [FITTERS] [BUSY]
+    python deploy/head_pose_probe.py [SECONDS] [FITTERS] [BUSY] [VIDEO]   (VIDEO: ../shared/data/video/group_1080p.mp4)
 """
 
 from __future__ import annotations
@@ -26,14 +26,13 @@ sys.path.insert(0, str(ROOT))
 from pipeline.vision.head_pose import head_pose  # noqa: E402
 
 
-def real_faces(frames: int = 3) -> tuple[list[np.ndarray], tuple[int, int]]:
-    """The landmarks of every face the default detector finds in `frames` frames of group_1080p.mp4."""
+def real_faces(video: Path, frames: int = 3) -> tuple[list[np.ndarray], tuple[int, int]]:
+    """The landmarks of every face the default detector finds in `frames` frames of `video`, 10 frames apart."""
     from pipeline.config.app import load_config
     from pipeline.inference.perception import Perception
-    from tests.conftest import data_path
 
     perception = Perception.from_config(load_config(ROOT / "config/default.yaml"))
-    capture = cv2.VideoCapture(str(data_path("video", "group_1080p.mp4")))
+    capture = cv2.VideoCapture(str(video))
     landmarks, size = [], (0, 0)
     for _ in range(frames):
         ok, frame = capture.read()
@@ -75,7 +74,8 @@ def measure(faces: list[np.ndarray], size: tuple[int, int], seconds: float, fitt
     for thread in threads:
         thread.join()
     fits = sum(r[0] for r in results)
-    return {"fitters": fitters, "busy": busy, "fits": fits, "cpu_us_per_fit": round(sum(r[1] for r in results) / fits * 1e6, 1),
+    cpu_s = sum(r[1] for r in results)
+    return {"fitters": fitters, "busy": busy, "fits": fits, "cpu_us_per_fit": round(cpu_s / max(fits, 1) * 1e6, 1),
             "fits_per_s": round(fits / seconds, 1)}
 
 
@@ -83,8 +83,12 @@ def main(argv: list[str]) -> int:
     seconds = float(argv[0]) if argv else 5.0
     fitters = int(argv[1]) if len(argv) > 1 else 8
     busy = int(argv[2]) if len(argv) > 2 else 2
+    video = Path(argv[3]) if len(argv) > 3 else ROOT.parent / "shared/data/video/group_1080p.mp4"
     cv2.setNumThreads(1)  # as the daemon runs OpenCV beside a GPU
-    faces, size = real_faces()
+    faces, size = real_faces(video)
+    if not faces:
+        print(f"no faces found in {video}", file=sys.stderr)
+        return 1
     posed = sum(head_pose(points, size) is not None for points in faces)
     print(json.dumps({"faces": len(faces), "with_pose": posed, "frame": size}), flush=True)
     for fitters_now, busy_now in ((1, 0), (fitters, busy), (1, 0), (fitters, busy)):
