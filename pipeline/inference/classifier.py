@@ -11,6 +11,7 @@ import numpy as np
 
 from pipeline.core.types import Detection, EmotionScores
 from pipeline.inference.batching import BatchedModel
+from pipeline.inference.settings import FlipFollowed
 from pipeline.modelprep.manifest import ModelManifest
 from pipeline.vision.faces import FaceCropper
 
@@ -67,7 +68,7 @@ def mirror_images(crops: Sequence[np.ndarray]) -> list[np.ndarray]:
 FollowedRead = Literal["both", "once", "mirror"]
 
 
-def followed_read(flip: bool, flip_followed: bool | str, turn: int) -> FollowedRead:
+def followed_read(flip: bool, flip_followed: FlipFollowed, turn: int) -> FollowedRead:
     """How the faces of a camera's `turn`th frame without detection are read (emotion.flip, emotion.flip_followed):
     with their mirror images and averaged (both), once as they are, or once mirrored.
 

@@ -323,7 +323,8 @@ class FrameEngine:
         none without emotion.flip, the detected ones only unless emotion.flip_followed is true."""
         if not self._emotion.flip:
             return 0
-        return faces if self._emotion.flip_followed is True else detected
+        both = followed_read(True, self._emotion.flip_followed, 0) == "both"  # "both" holds on every turn or none
+        return faces if both else detected
 
     def _mirrored_alone(self, kept: KeptFaces, tracked: list[TrackedFrame], first: int) -> np.ndarray:
         """Which of `kept`'s faces (the batch's; the tracked frames' from position `first` on) are read as their

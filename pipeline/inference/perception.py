@@ -27,7 +27,7 @@ from pipeline.inference.classifier import EmotionClassifier, followed_read, mirr
 from pipeline.inference.detector import FaceDetector
 from pipeline.inference.frames import FramePerception, load_frame_perception
 from pipeline.inference.pending import Analysis, PendingAnalysis, finished
-from pipeline.inference.settings import DetectorConfig, EmotionConfig, InferenceConfig
+from pipeline.inference.settings import DetectorConfig, EmotionConfig, FlipFollowed, InferenceConfig
 from pipeline.modelprep.manifest import ModelManifest, load_manifest
 from pipeline.modelprep.prepare import ensure_model
 
@@ -115,7 +115,7 @@ class Perception:
     classifier: EmotionClassifier
     frames_in_flight: int = 1  # a frame is analysed on the camera's thread, detector then classifier
     interval: int = 1  # detector.interval: the frames between take their faces from the camera's tracker
-    flip_followed: bool | str = "alternate"  # emotion.flip_followed: how faces of frames without detection are read
+    flip_followed: FlipFollowed = "alternate"  # emotion.flip_followed: how faces of frames without detection are read
 
     @classmethod
     def from_config(cls, cfg: PerceptionSettings, auto_prepare: bool = True) -> Perception:

@@ -118,6 +118,9 @@ def _check_side(side: int, key: tuple[int, ...] = ()) -> None:
                                "must be a multiple of 32 between 64 and 4096", key=key, value=side)
 
 
+FlipFollowed = Literal[True, False, "alternate"]  # emotion.flip_followed (inference.classifier.followed_read)
+
+
 class EmotionConfig(StrictModel):
     """The emotion classifier run on each face."""
 
@@ -134,7 +137,7 @@ class EmotionConfig(StrictModel):
     flip: bool = Field(True, description="Test-time flip: classify each face and its mirror image in the same "
                                          "batch and average the two. Twice the classifier work (+0.75 ms per face "
                                          "on 2 CPU cores); more right answers on faces/wild (12 fixed, 4 broken).")
-    flip_followed: Literal[True, False, "alternate"] = Field(
+    flip_followed: FlipFollowed = Field(
         "alternate", description="With flip and detector.interval > 1, how the faces of frames without detection are "
         "read (detection frames always read each face and its mirror): true = both ways, as detection frames; "
         "false = once, as they are; alternate = once, as they are and mirrored on alternate frames of the camera, so "
