@@ -4,7 +4,7 @@
 # videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | session-probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
 #  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | groups |
 #  groups-sweep | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu |
-#  cuda-handles)
+#  cuda-handles | stack)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
 set -uo pipefail
@@ -197,6 +197,19 @@ case "${1:-check}" in
       esac
       echo "== memory $variant: $opts"
       python3 run_pipeline.py bench memory $common $opts ${EXTRA:-} --json "$OUT/memory_${variant}${TAG:-}.json" | tail -9
+    done
+    ;;
+  stack)  # issue 25: the CUDA context's reservation of thread stacks (inference.gpu_stack_bytes): 8 cameras in one
+    # process (bench memory, cams8: the daemon's defaults for 8) and CAMS (64) cameras in 2 groups (student, interval 3,
+    # max_batch 32), CUDA's default ("default") against each size in SIZES, in that order
+    for size in ${SIZES:-default 0}; do
+      set=""; [ "$size" != default ] && set="--set inference.gpu_stack_bytes=$size"
+      VARIANTS=cams8 TAG="_stack_$size" EXTRA="$set" bash "$0" memory
+    done
+    for size in ${SIZES:-default 0}; do
+      set=""; [ "$size" != default ] && set="--set inference.gpu_stack_bytes=$size"
+      CAMS=${CAMS:-64} PROCS=2 INTERVAL=3 DURATION=${DURATION:-15} TAG="_stack_$size" \
+        EXTRA="--set emotion.model=dlibface_student64 --max-batch 32 $set" bash "$0" groups
     done
     ;;
   interval-sweep)  # issue 25: the most cameras at detector.interval INTERVAL (3) with MODEL (the default), groups of

@@ -131,3 +131,30 @@ def test_gpu_wait_sets_the_primary_context_flags() -> None:
         assert gpu_wait_of(0) == "block"
     finally:
         set_gpu_wait("block")
+
+
+def test_models_run_on_a_small_gpu_thread_stack(prepared_models: None) -> None:
+    """inference.gpu_stack_bytes reaches the context (read back), and the detector still finds the CPU's faces with
+    the smallest stack asked for: CUDA grows the stack by itself for a kernel that needs more."""
+    from pipeline.inference.gpu.cuda import CUDA_DEFAULT_STACK_BYTES, gpu_stack_of, set_gpu_stack
+
+    manifest = load_manifest("retinaface_mnet025")
+    path = ensure_model(manifest, "fp16")
+    try:
+        assert set_gpu_stack(256) == 256 == gpu_stack_of(0)
+        small = set_gpu_stack(0)
+        assert small < 256  # the driver's minimum
+        cpu = create_backend(ModelRuntime("onnxruntime", "cpu", "fp16", max_batch=8), manifest, path)
+        gpu = create_backend(ModelRuntime("onnxruntime", "cuda", "fp16", max_batch=8, lanes=1), manifest, path)
+        batch = np.stack(_items("retinaface_mnet025", video_frames(data_path("video", "woman2.mp4"), 8)))
+        got, want = gpu.run({"image": batch}), cpu.run({"image": batch})
+        gpu.close()
+        cpu.close()
+        faces = 0
+        for i in range(len(batch)):
+            _assert_same_faces({k: v[i] for k, v in got.items()}, {k: v[i] for k, v in want.items()}, "fp16")
+            faces += len(_faces({k: v[i] for k, v in got.items()}))
+        assert faces >= len(batch) // 2
+        assert gpu_stack_of(0) >= small
+    finally:
+        set_gpu_stack(CUDA_DEFAULT_STACK_BYTES)

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.config.app import parse_config
 from pipeline.inference.gpu.cuda import CudaError, set_gpu_wait
-from pipeline.service.parts import set_gpu_waits
+from pipeline.service.parts import prepare_gpu
 
 CUDA_CONFIG = "cameras:\n  - {name: lobby, source: demo}\ninference:\n  device: cuda\n  gpu_wait: %s\n"
 
@@ -32,7 +32,7 @@ def test_an_unknown_mode_is_refused_before_the_driver_is_touched() -> None:
 def test_the_start_goes_on_when_the_driver_cannot_be_reached(caplog: Any) -> None:
     cfg = parse_config(CUDA_CONFIG % "block", "a.yaml", env={})
     with caplog.at_level(logging.INFO, logger="pipeline.service.parts"):
-        set_gpu_waits(cfg)  # no libcuda here: a warning; on a GPU machine: set
+        prepare_gpu(cfg)  # no libcuda here: a warning; on a GPU machine: set
     said = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("GPU waits left to CUDA's default") or m.startswith("GPU waits: block on") for m in said)
 
@@ -40,5 +40,27 @@ def test_the_start_goes_on_when_the_driver_cannot_be_reached(caplog: Any) -> Non
 def test_cpu_inference_leaves_cuda_alone(caplog: Any) -> None:
     cfg = parse_config("cameras:\n  - {name: lobby, source: demo}\n", "a.yaml", env={})
     with caplog.at_level(logging.DEBUG, logger="pipeline.service.parts"):
-        set_gpu_waits(cfg)
+        prepare_gpu(cfg)
     assert not [r for r in caplog.records if "GPU waits" in r.getMessage()]
+
+
+STACK_CONFIG = "cameras:\n  - {name: lobby, source: demo}\ninference:\n  device: cuda\n  gpu_stack_bytes: %s\n"
+
+
+def test_gpu_stack_bytes_is_a_size_or_null_and_refuses_nonsense() -> None:
+    from pipeline.config.loader import ConfigError
+
+    assert parse_config(STACK_CONFIG % "256", "a.yaml", env={}).inference.gpu_stack_bytes == 256
+    assert parse_config(STACK_CONFIG % "null", "a.yaml", env={}).inference.gpu_stack_bytes is None
+    with pytest.raises(ConfigError, match=r"a\.yaml:5: inference\.gpu_stack_bytes: .*greater than or equal to 0"):
+        parse_config(STACK_CONFIG % "-1", "a.yaml", env={})
+
+
+def test_the_start_goes_on_when_the_stack_cannot_be_set(caplog: Any) -> None:
+    """No driver here: the waits' warning says so and the stack is not tried (a GPU machine logs both as set)."""
+    cfg = parse_config(STACK_CONFIG % "256", "a.yaml", env={})
+    with caplog.at_level(logging.INFO, logger="pipeline.service.parts"):
+        prepare_gpu(cfg)
+    said = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("GPU waits left to CUDA's default") for m in said) or \
+        any(m.startswith("GPU thread stack: ") or m.startswith("GPU thread stack left") for m in said)

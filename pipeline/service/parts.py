@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 import cv2
 
 from pipeline.capture.sources import configure_ffmpeg, open_source
-from pipeline.inference.gpu.cuda import CudaError, set_gpu_wait
+from pipeline.inference.backend import BackendError
+from pipeline.inference.gpu.cuda import CudaError, set_gpu_stack, set_gpu_wait
 from pipeline.inference.perception import Analyzer
 from pipeline.inference.perception import load_perception as build_perception
 from pipeline.outputs.base import AvatarRoute
@@ -46,8 +47,8 @@ SYSTEMD_VARIABLES = ("INVOCATION_ID", "NOTIFY_SOCKET", "JOURNAL_STREAM")
 def load_perception(cfg: AppConfig) -> Analyzer:
     """The shared models for the configured frame path, sized for the enabled cameras (`sized_for_cameras`), loaded
     and warmed (a first frame then costs no lazy initialisation; the frame graphs path prepares each camera size when
-    first met); closed on failure. The GPU waits are set first (`set_gpu_waits`), at start and at each reload."""
-    set_gpu_waits(cfg)
+    first met); closed on failure. The GPU is prepared first (`prepare_gpu`), at start and at each reload."""
+    prepare_gpu(cfg)
     perception = build_perception(sized_for_cameras(cfg, len(enabled_cameras(cfg)), "daemon"))
     try:
         perception.warm_up()
@@ -137,10 +138,11 @@ def limit_opencv_threads(cfg: AppConfig) -> None:
                  cfg.inference.device)
 
 
-def set_gpu_waits(cfg: AppConfig) -> None:
+def prepare_gpu(cfg: AppConfig) -> None:
     """With a GPU in use (inference.device, which also sends `decode: auto` cameras to NVDEC), tell CUDA how the
-    libraries' threads wait for it (inference.gpu_wait) before any model loads. A machine whose driver cannot be
-    reached keeps CUDA's default: loading the models then says why."""
+    libraries' threads wait for it (inference.gpu_wait), then size this process's context's thread stacks
+    (inference.gpu_stack_bytes), before any model loads. A machine whose driver cannot be reached keeps CUDA's
+    defaults: loading the models then says why."""
     if cfg.inference.device == "cpu":
         return
     try:
@@ -149,6 +151,15 @@ def set_gpu_waits(cfg: AppConfig) -> None:
         log.warning("GPU waits left to CUDA's default (auto: a waiting thread spins): %s", exc)
         return
     log.info("GPU waits: %s on %d GPU(s)", cfg.inference.gpu_wait, len(ordinals))
+    stack = cfg.inference.gpu_stack_bytes
+    if stack is None or not ordinals:
+        return
+    try:
+        granted = set_gpu_stack(stack)
+    except BackendError as exc:  # a CudaError, or cuda-python missing (a BackendError naming it)
+        log.warning("GPU thread stack left to CUDA's default: %s", exc)
+        return
+    log.info("GPU thread stack: %d bytes (asked %d)", granted, stack)
 
 
 def new_tracker(cfg: AppConfig) -> IouTracker:

@@ -30,7 +30,7 @@ from pipeline.capture.sources import open_source
 from pipeline.capture.thread import CaptureThread
 from pipeline.inference.frames import FramePerception
 from pipeline.inference.perception import load_perception
-from pipeline.service.parts import limit_opencv_threads, new_tracker, set_gpu_waits
+from pipeline.service.parts import limit_opencv_threads, new_tracker, prepare_gpu
 from pipeline.service.worker import CameraWorker
 from pipeline.tools.bench_groups import host_memory_mb
 from pipeline.tools.bench_pipeline import bench_config, decoder_kind, parse_intervals, video_format
@@ -76,11 +76,11 @@ def _ledger() -> dict[str, int]:
 def _cuda_context(device: str) -> str:
     if device != "cuda":
         return "cpu: no CUDA context"
-    from pipeline.inference.gpu.cuda import CudaDevice, check, load_runtime
+    from pipeline.inference.gpu.cuda import CudaDevice, check, gpu_stack_of, load_runtime
 
     opened = CudaDevice.open(0)
     check(load_runtime().cudaFree(0), "cudaFree(0) (create the context)")
-    return opened.name
+    return f"{opened.name}, thread stack {gpu_stack_of(0)} bytes"
 
 
 def _peak_while(seconds: float) -> float | None:
@@ -100,7 +100,7 @@ def bench_memory(args: argparse.Namespace) -> dict[str, Any]:
     cfg = bench_config(args, naive=False, interval=interval)
     steps = Steps()
     steps.mark("start")
-    set_gpu_waits(cfg)  # as the daemon does, before the context is made
+    prepare_gpu(cfg)  # as the daemon does, before the context is made
     steps.mark("CUDA context", note=_cuda_context(cfg.inference.device))
     perception = load_perception(cfg)
     steps.mark("models loaded", note=cfg.emotion.model)
@@ -142,7 +142,8 @@ def bench_memory(args: argparse.Namespace) -> dict[str, Any]:
             "emotion_model": cfg.emotion.model, "precision": cfg.inference.precision,
             "cudnn_max_workspace": cfg.inference.cudnn_max_workspace,
             "cublas_workspace": os.environ.get("CUBLAS_WORKSPACE_CONFIG", ""),
-            "memory_pattern": cfg.inference.memory_pattern, "steps": steps.rows,
+            "memory_pattern": cfg.inference.memory_pattern, "gpu_stack_bytes": cfg.inference.gpu_stack_bytes,
+            "steps": steps.rows,
             "project_buffers": {key: (round(value / 2**20, 1) if key.endswith("bytes") else value)
                                 for key, value in ledger.items()}}
 

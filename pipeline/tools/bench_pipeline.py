@@ -29,7 +29,7 @@ from pipeline.core.types import Observation
 from pipeline.inference.frames import FramePerception
 from pipeline.inference.perception import Analyzer, load_perception
 from pipeline.modelprep.frame_graphs import FrameFormat
-from pipeline.service.parts import limit_opencv_threads, new_tracker, set_gpu_waits
+from pipeline.service.parts import limit_opencv_threads, new_tracker, prepare_gpu
 from pipeline.service.worker import CameraWorker
 from pipeline.tools.bench_groups import (
     batch_figures,
@@ -213,7 +213,7 @@ def run_mode(args: argparse.Namespace, naive: bool, interval: int | None = None)
     if cfg.inference.processes > 1:
         return _run_grouped(args, cfg)
     triton = _TritonWindow(cfg)
-    set_gpu_waits(cfg)  # as the daemon does, before the models load
+    prepare_gpu(cfg)  # as the daemon does, before the models load
     shared = None if naive else load_perception(cfg)
     perceptions = [load_perception(cfg) for _ in cfg.cameras] if naive else [shared] * len(cfg.cameras)
     unique = list({id(p): p for p in perceptions}.values())

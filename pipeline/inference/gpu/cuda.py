@@ -20,7 +20,8 @@ getting it back waits for whichever camera thread took it: 27 copies of one batc
 back at 64 cameras on the H200, where the copies themselves take microseconds to queue (BENCHMARKS.md).
 
 `set_gpu_wait` (inference.gpu_wait, default block) makes the libraries' own waits (ONNX Runtime's, NVDEC's) sleep
-too: CUDA's default spins on any machine with more cores than contexts.
+too: CUDA's default spins on any machine with more cores than contexts. `set_gpu_stack` (inference.gpu_stack_bytes)
+sizes the context's reservation of its threads' local memory.
 
 Events are created with cudaEventBlockingSync: a thread waiting for its batch sleeps in the driver instead of
 spinning a CPU core, which with K lanes per model would be K cores taken from video decoding.
@@ -163,6 +164,39 @@ def gpu_wait_of(ordinal: int = 0) -> str:
                  f"cuDevicePrimaryCtxGetState({ordinal})")
     by_flag = {flag: mode for mode, flag in GPU_WAIT_FLAGS.items()}
     return by_flag.get(flags.value & _SCHED_MASK, f"flags {flags.value:#x}")
+
+
+# CUDA's default stack per GPU thread: what a context reserves local memory for, times every thread the GPU holds.
+CUDA_DEFAULT_STACK_BYTES = 1024
+
+
+def set_gpu_stack(nbytes: int, ordinal: int = 0) -> int:
+    """Ask GPU `ordinal`'s primary context for `nbytes` of stack per GPU thread; the size the context reports back.
+
+    Why (inference.gpu_stack_bytes): a context reserves its threads' local memory up front, the stack size times
+    every thread the GPU can hold at once (an H200: 132 SMs x 2,048 threads, 264 MiB at CUDA's 1,024 bytes), and
+    CUDA grows the stack by itself for any kernel launched that needs more, never shrinking it back. So a small
+    setting costs no kernel anything and leaves the reservation at what the kernels actually run need. This makes
+    the primary context live: call it after set_gpu_wait, and only for the GPU the process uses (a context on
+    every visible GPU would cost each its fixed memory)."""
+    runtime = load_runtime()
+    limit = runtime.cudaLimit.cudaLimitStackSize
+    previous = int(check(runtime.cudaGetDevice(), "cudaGetDevice (the calling thread's GPU)"))
+    try:
+        check(runtime.cudaSetDevice(ordinal), f"cudaSetDevice({ordinal})")
+        check(runtime.cudaDeviceSetLimit(limit, nbytes),
+              f"cudaDeviceSetLimit (GPU {ordinal}: {nbytes} bytes of stack per thread)")
+        return int(check(runtime.cudaDeviceGetLimit(limit), f"cudaDeviceGetLimit (GPU {ordinal} thread stack)"))
+    finally:
+        check(runtime.cudaSetDevice(previous), f"cudaSetDevice({previous}) (the thread's GPU as it was)")
+
+
+def gpu_stack_of(ordinal: int = 0) -> int:
+    """GPU `ordinal`'s stack per thread now, in bytes (makes its primary context live)."""
+    runtime = load_runtime()
+    CudaDevice.open(ordinal)
+    return int(check(runtime.cudaDeviceGetLimit(runtime.cudaLimit.cudaLimitStackSize),
+                     f"cudaDeviceGetLimit (GPU {ordinal} thread stack)"))
 
 
 def error_name(status: Any) -> str:
