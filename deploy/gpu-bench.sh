@@ -4,7 +4,7 @@
 # videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | session-probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
 #  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | groups |
 #  groups-sweep | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu |
-#  cuda-handles | stack)
+#  cuda-handles | stack | small)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
 set -uo pipefail
@@ -201,15 +201,27 @@ case "${1:-check}" in
     ;;
   stack)  # issue 25: the CUDA context's reservation of thread stacks (inference.gpu_stack_bytes): 8 cameras in one
     # process (bench memory, cams8: the daemon's defaults for 8) and CAMS (64) cameras in 2 groups (student, interval 3,
-    # max_batch 32), CUDA's default ("default") against each size in SIZES, in that order
+    # max_batch 32), CUDA's default ("default": null) against each size in SIZES, in that order
     for size in ${SIZES:-default 0}; do
-      set=""; [ "$size" != default ] && set="--set inference.gpu_stack_bytes=$size"
+      set="--set inference.gpu_stack_bytes=$size"; [ "$size" = default ] && set="--set inference.gpu_stack_bytes=null"
       VARIANTS=cams8 TAG="_stack_$size" EXTRA="$set" bash "$0" memory
     done
     for size in ${SIZES:-default 0}; do
-      set=""; [ "$size" != default ] && set="--set inference.gpu_stack_bytes=$size"
+      set="--set inference.gpu_stack_bytes=$size"; [ "$size" = default ] && set="--set inference.gpu_stack_bytes=null"
       CAMS=${CAMS:-64} PROCS=2 INTERVAL=3 DURATION=${DURATION:-15} TAG="_stack_$size" \
         EXTRA="--set emotion.model=dlibface_student64 --max-batch 32 $set" bash "$0" groups
+    done
+    ;;
+  small)  # issue 25: 8 cameras in one process as the daemon sizes it (max_batch = cameras x frames in flight): GPU
+    # memory (bench memory, memory pattern on and off) and frames, p99 and cores (bench pipeline, DURATION s), with 2
+    # frames in flight per camera (max_batch 16, the default on this path) and with 1 (max_batch 8)
+    for fif in 2 1; do
+      mb=$((8 * fif))
+      VARIANTS="cams8 cams8nomp" TAG="_fif$fif" EXTRA="--frames-in-flight $fif --max-batch $mb" bash "$0" memory
+      python3 run_pipeline.py bench pipeline --video "$PWD/.benchdata/video/group_1080p.mp4" --cameras 8 --fps 25 \
+        --device cuda --precision fp16 --detector-input 640x352 --max-batch $mb --frames-in-flight $fif --lanes 1 \
+        --batch-step 2 --mode batched --decode gpu --frame-path graph --duration "${DURATION:-15}" --log-level warning \
+        --json "$OUT/small_pipeline_fif$fif.json" | tail -3
     done
     ;;
   interval-sweep)  # issue 25: the most cameras at detector.interval INTERVAL (3) with MODEL (the default), groups of

@@ -50,6 +50,8 @@ STACK_CONFIG = "cameras:\n  - {name: lobby, source: demo}\ninference:\n  device:
 def test_gpu_stack_bytes_is_a_size_or_null_and_refuses_nonsense() -> None:
     from pipeline.config.loader import ConfigError
 
+    plain = "cameras:\n  - {name: lobby, source: demo}\n"
+    assert parse_config(plain, "a.yaml", env={}).inference.gpu_stack_bytes == 0  # what the kernels need
     assert parse_config(STACK_CONFIG % "256", "a.yaml", env={}).inference.gpu_stack_bytes == 256
     assert parse_config(STACK_CONFIG % "null", "a.yaml", env={}).inference.gpu_stack_bytes is None
     with pytest.raises(ConfigError, match=r"a\.yaml:5: inference\.gpu_stack_bytes: .*greater than or equal to 0"):
