@@ -204,6 +204,10 @@ class TritonSettings(StrictModel):
         return f"triton {'grpcs' if self.tls else 'grpc'}://{self.url}{auth}, timeout {self.timeout_ms:g} ms"
 
 
+# A process of at most this many cameras analyses one frame of each at a time when frames_in_flight is auto (0).
+SMALL_PROCESS_CAMERAS = 8
+
+
 class InferenceConfig(StrictModel):
     """Where and how the models run, and how requests from all cameras are batched."""
 
@@ -236,8 +240,9 @@ class InferenceConfig(StrictModel):
                                   "still running (results still come out in frame order); when the engine is "
                                   "saturated, frames then wait longer (p99 213-239 ms instead of 144-242 ms at "
                                   "64 cameras on an H200, BENCHMARKS.md). 0 = auto: 2 on the frame "
-                                  "graphs path with device cuda, else 1 (the OpenCV path analyses one frame at "
-                                  "a time whatever this says).")
+                                  "graphs path with device cuda in a process of more than 8 cameras, else 1 "
+                                  "(8 cameras keep up with one each, in less GPU memory; the OpenCV path "
+                                  "analyses one frame at a time whatever this says).")
     processes: int = Field(1, ge=1, le=64, description="Camera groups, each in a process of its own with its own "
                            "engine (cameras dealt round-robin, in config order). One Python process runs out of "
                            "GIL before a large GPU runs out of work: 64 cameras of 1080p at 25 fps on an H200 "
@@ -277,9 +282,11 @@ class InferenceConfig(StrictModel):
                                   "took ~128 MB each: 147 MB per further session against 19 MB with :16:8, at the "
                                   "same speed (BENCHMARKS.md). The variable, when set in the daemon's environment, "
                                   "wins.")
-    memory_pattern: bool = Field(True, description="device cuda: ONNX Runtime's memory pattern (plans a run's "
-                                 "activations and reserves them in one block). false: less GPU memory, somewhat "
-                                 "slower runs (measure with bench memory).")
+    memory_pattern: bool = Field(False, description="device cuda: ONNX Runtime's memory pattern (plans a run's "
+                                 "activations and reserves them in one block per input shape, kept besides the "
+                                 "shared arena). Off by default: on an H200 it cost 250 MiB at 8 cameras, 240 at "
+                                 "64 (2 groups) and 820 at 150 (5 groups) for the same frames analysed "
+                                 "(BENCHMARKS.md); true: ONNX Runtime's own default, runs a little faster alone.")
     gpu_wait: Literal["block", "spin", "auto"] = Field("block", description="device cuda or tensorrt: how a "
                                                       "thread waits for the GPU inside ONNX Runtime, TensorRT and "
                                                       "NVDEC (results copied back, a decoded frame mapped). block: "
@@ -327,11 +334,19 @@ class InferenceConfig(StrictModel):
         """These settings for a process that analyses `cameras` cameras. On the frame graphs path a batch holds at
         most one frame per camera per frame in flight, so 8 cameras with 2 in flight never run more than 16:
         max_batch is capped there (never raised), and no larger padded size (on a GPU a session of its own, with
-        its memory and start-up time) is prepared. The OpenCV path batches faces too, and is left alone."""
+        its memory and start-up time) is prepared. frames_in_flight auto is 1 for at most SMALL_PROCESS_CAMERAS
+        cameras on a GPU: they keep up with one each (8 cameras of 1080p on an H200: every frame either way, p99
+        23 against 21 ms) in 0.25 GB less GPU memory (BENCHMARKS.md). The OpenCV path batches faces too, and is
+        left alone."""
         if not self.graph_frames:
             return self
-        most = max(1, cameras) * self.frames_in_flight_for(True)
-        return self if most >= self.max_batch else self.model_copy(update={"max_batch": most})
+        update: dict[str, int] = {}
+        if self.frames_in_flight == 0 and self.device == "cuda" and cameras <= SMALL_PROCESS_CAMERAS:
+            update["frames_in_flight"] = 1
+        most = max(1, cameras) * update.get("frames_in_flight", self.frames_in_flight_for(True))
+        if most < self.max_batch:
+            update["max_batch"] = most
+        return self.model_copy(update=update) if update else self
 
     def frames_in_flight_for(self, graph: bool) -> int:
         """frames_in_flight with auto resolved, for the frame graphs path (`graph`) or the OpenCV path (always 1:

@@ -60,12 +60,13 @@ def load_perception(cfg: AppConfig) -> Analyzer:
 
 def sized_for_cameras(cfg: AppConfig, cameras: int, what: str) -> AppConfig:
     """`cfg` with its inference settings for a process of `cameras` cameras (InferenceConfig.for_cameras: max_batch
-    capped at what they can fill on the frame graphs path); logged when that changes anything."""
+    capped at what they can fill on the frame graphs path, one frame in flight each for a few cameras); logged when
+    that changes anything."""
     inference = cfg.inference.for_cameras(cameras)
     if inference is cfg.inference:
         return cfg
-    log.info("%s of %d camera(s): max_batch %d (of %d): no batch can hold more frames", what, cameras,
-             inference.max_batch, cfg.inference.max_batch)
+    log.info("%s of %d camera(s): max_batch %d (of %d), %d frame(s) in flight per camera", what, cameras,
+             inference.max_batch, cfg.inference.max_batch, inference.frames_in_flight_for(True))
     return cfg.model_copy(update={"inference": inference})
 
 
