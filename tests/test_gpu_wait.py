@@ -66,3 +66,46 @@ def test_the_start_goes_on_when_the_stack_cannot_be_set(caplog: Any) -> None:
     said = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("GPU waits left to CUDA's default") for m in said) or \
         any(m.startswith("GPU thread stack: ") or m.startswith("GPU thread stack left") for m in said)
+
+
+class _FakeRuntime:
+    """cuda-python's runtime API as far as set_gpu_stack uses it: no GPU here (tests/test_gpu.py runs the real one)."""
+
+    class cudaLimit:  # noqa: N801 - cuda-python's name
+        cudaLimitStackSize = 0
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.device, self.stack = 0, 1024
+
+    def cudaGetDevice(self) -> tuple[int, int]:  # noqa: N802
+        return 0, self.device
+
+    def cudaSetDevice(self, ordinal: int) -> tuple[int]:  # noqa: N802
+        self.calls.append(("set_device", ordinal))
+        self.device = ordinal
+        return (0,)
+
+    def cudaDeviceSetLimit(self, limit: int, value: int) -> tuple[int]:  # noqa: N802
+        self.calls.append(("set_limit", value))
+        self.stack = value
+        return (0,)
+
+    def cudaDeviceGetLimit(self, limit: int) -> tuple[int, int]:  # noqa: N802
+        return 0, self.stack
+
+
+def test_the_stack_is_set_once_per_size_and_the_thread_keeps_its_gpu(monkeypatch: Any) -> None:
+    """A reload asks for the same size again: the stack the kernels grew is left alone (setting it would shrink it
+    and stall the GPU); another size is set; the calling thread's GPU is what it was."""
+    from pipeline.inference.gpu import cuda
+
+    fake = _FakeRuntime()
+    monkeypatch.setattr(cuda, "_runtime", fake)
+    monkeypatch.setattr(cuda, "_stack_asked", {})
+    assert cuda.set_gpu_stack(0, ordinal=1) == 0
+    fake.stack = 448  # a kernel needed more: CUDA grew it
+    assert cuda.set_gpu_stack(0, ordinal=1) == 448
+    assert [call for call in fake.calls if call[0] == "set_limit"] == [("set_limit", 0)]
+    assert cuda.set_gpu_stack(256, ordinal=1) == 256
+    assert fake.device == 0 and fake.calls[-1] == ("set_device", 0)

@@ -168,6 +168,7 @@ def gpu_wait_of(ordinal: int = 0) -> str:
 
 # CUDA's default stack per GPU thread: what a context reserves local memory for, times every thread the GPU holds.
 CUDA_DEFAULT_STACK_BYTES = 1024
+_stack_asked: dict[int, int] = {}  # GPU ordinal -> the stack size this process last set there (set_gpu_stack)
 
 
 def set_gpu_stack(nbytes: int, ordinal: int = 0) -> int:
@@ -178,14 +179,17 @@ def set_gpu_stack(nbytes: int, ordinal: int = 0) -> int:
     CUDA grows the stack by itself for any kernel launched that needs more, never shrinking it back. So a small
     setting costs no kernel anything and leaves the reservation at what the kernels actually run need. This makes
     the primary context live: call it after set_gpu_wait, and only for the GPU the process uses (a context on
-    every visible GPU would cost each its fixed memory)."""
+    every visible GPU would cost each its fixed memory). Asked again for the same size (a reload), it leaves the
+    stack as the kernels grew it: setting it would shrink it, stall the GPU, and grow it again at the next launch."""
     runtime = load_runtime()
     limit = runtime.cudaLimit.cudaLimitStackSize
     previous = int(check(runtime.cudaGetDevice(), "cudaGetDevice (the calling thread's GPU)"))
     try:
         check(runtime.cudaSetDevice(ordinal), f"cudaSetDevice({ordinal})")
-        check(runtime.cudaDeviceSetLimit(limit, nbytes),
-              f"cudaDeviceSetLimit (GPU {ordinal}: {nbytes} bytes of stack per thread)")
+        if _stack_asked.get(ordinal) != nbytes:
+            check(runtime.cudaDeviceSetLimit(limit, nbytes),
+                  f"cudaDeviceSetLimit (GPU {ordinal}: {nbytes} bytes of stack per thread)")
+            _stack_asked[ordinal] = nbytes
         return int(check(runtime.cudaDeviceGetLimit(limit), f"cudaDeviceGetLimit (GPU {ordinal} thread stack)"))
     finally:
         check(runtime.cudaSetDevice(previous), f"cudaSetDevice({previous}) (the thread's GPU as it was)")
