@@ -159,6 +159,8 @@ case "${1:-check}" in
     # variant, CLIP (group_1080p.mp4) at 25 fps through NVDEC on the frame graphs path; VARIANTS picks among the names
     # below. CLIP=group_1080p_ipp.mp4 (as IP cameras send: no B-frames; NVDEC then needs half the surfaces) is made
     # beforehand with: ffmpeg -i group_1080p.mp4 -c:v libx264 -preset medium -crf 20 -bf 0 -g 50 -an group_1080p_ipp.mp4
+    # Since round 11 bench memory sizes its one process as the daemon does: cams8 (auto frames in flight) runs 1 frame
+    # in flight and max_batch 8, as the daemon's 8 cameras do; an explicit --frames-in-flight is kept.
     common="--video $PWD/.benchdata/video/${CLIP:-group_1080p.mp4} --fps 25 --device cuda --precision fp16 --detector-input 640x352 \
       --lanes 1 --mode batched --decode gpu --frame-path graph --duration ${DURATION:-10} --settle-s 4 --log-level warning"
     for variant in ${VARIANTS:-base nocudnnws step4 student cams8}; do

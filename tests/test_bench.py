@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import cv2
 import pytest
@@ -113,3 +114,23 @@ def test_gpu_utilisation_parsing_and_absence() -> None:
         sampler = GpuSampler(period_s=0.01)
         sampler.start()
         assert sampler.finish() is None
+
+
+def test_one_bench_process_is_sized_as_the_daemon_sizes_its_own(tmp_path: Path) -> None:
+    """bench pipeline / bench memory in one process measure what the daemon would run for as many cameras: on the GPU
+    frame graphs path 8 cameras get one frame in flight each and batches of at most 8 (InferenceConfig.for_cameras);
+    an explicit frames_in_flight is kept, camera groups size themselves, the naive design is left alone."""
+    from pipeline.tools.bench_pipeline import bench_config
+    from pipeline.tools.cli import build_parser
+
+    def config(*extra: str, naive: bool = False) -> Any:
+        args = build_parser().parse_args(["bench", "pipeline", "--video", "demo", "--device", "cuda",
+                                          "--max-batch", "64", *extra])
+        return bench_config(args, naive=naive).inference
+
+    eight = config("--cameras", "8")
+    assert (eight.frames_in_flight_for(True), eight.max_batch) == (1, 8)
+    assert config("--cameras", "8", "--frames-in-flight", "2").max_batch == 16
+    assert config("--cameras", "40").max_batch == 64
+    assert config("--cameras", "8", "--processes", "2").max_batch == 64  # each group sizes itself
+    assert config("--cameras", "8", naive=True).max_batch == 1

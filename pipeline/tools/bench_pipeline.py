@@ -29,7 +29,7 @@ from pipeline.core.types import Observation
 from pipeline.inference.frames import FramePerception
 from pipeline.inference.perception import Analyzer, load_perception
 from pipeline.modelprep.frame_graphs import FrameFormat
-from pipeline.service.parts import limit_opencv_threads, new_tracker, prepare_gpu
+from pipeline.service.parts import limit_opencv_threads, new_tracker, prepare_gpu, sized_for_cameras
 from pipeline.service.worker import CameraWorker
 from pipeline.tools.bench_groups import (
     batch_figures,
@@ -100,6 +100,9 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
 
 
 def bench_config(args: argparse.Namespace, naive: bool, interval: int | None = None) -> AppConfig:
+    """The run's settings: the config's, the command line's cameras and options, then --set. One process of the
+    batched design is sized as the daemon sizes its own (service.parts.sized_for_cameras), so bench pipeline and
+    bench memory measure what the daemon would run for as many cameras."""
     base = load_config(args.config)
     cameras = [CameraConfig(name=f"cam{i}", source=str(args.video), loop=True, fps=args.fps,
                             decode_threads=args.decode_threads, nice=args.capture_nice, decode=args.decode)
@@ -115,7 +118,10 @@ def bench_config(args: argparse.Namespace, naive: bool, interval: int | None = N
     detector = type(base.detector).model_validate(base.detector.model_dump() | {
         "input_size": _detector_input(args.detector_input), "interval": interval or base.detector.interval})
     cfg = base.model_copy(update={"cameras": cameras, "inference": inference, "detector": detector})
-    return with_overrides(cfg, args.overrides) if getattr(args, "overrides", None) else cfg
+    cfg = with_overrides(cfg, args.overrides) if getattr(args, "overrides", None) else cfg
+    if naive or cfg.inference.processes > 1:
+        return cfg  # naive: each camera its own engine; camera groups size themselves (service.groups.run_group)
+    return sized_for_cameras(cfg, len(cameras), "bench")  # one process, sized as the daemon sizes its own
 
 
 def with_overrides(cfg: AppConfig, overrides: list[str]) -> AppConfig:
