@@ -263,8 +263,9 @@ class InferenceConfig(StrictModel):
                                    "batch with more runs in parts. On cuda each padded count up to this has its "
                                    "own session, and the largest sets the memory arena's size. 0 = auto: 8 a frame "
                                    "of a full batch (4 faces, each with its mirror image), at most 256: 256 at "
-                                   "max_batch 32 or more, 128 at 16, where 8 cameras took 1,517 MiB of an H200 "
-                                   "against 2,063 with 256 (BENCHMARKS.md, bench memory).")
+                                   "max_batch 32 or more, 128 at 16, 64 at 8 (8 cameras' batches: 1,239 MiB of an "
+                                   "H200 in all; at max_batch 16, 1,517 MiB with 128 against 2,063 with 256; "
+                                   "BENCHMARKS.md, bench memory).")
     max_frames_per_run: int = Field(16, ge=1, le=1024, description="Frame graphs path: the most frames the "
                                     "detector reads in one run; a batch with more frames to detect on runs in "
                                     "parts over the same frame buffer. On cuda each padded count up to this has its "
