@@ -240,9 +240,10 @@ class InferenceConfig(StrictModel):
                                   "still running (results still come out in frame order); when the engine is "
                                   "saturated, frames then wait longer (p99 213-239 ms instead of 144-242 ms at "
                                   "64 cameras on an H200, BENCHMARKS.md). 0 = auto: 2 on the frame "
-                                  "graphs path with device cuda in a process of more than 8 cameras, else 1 "
-                                  "(8 cameras keep up with one each, in less GPU memory; the OpenCV path "
-                                  "analyses one frame at a time whatever this says).")
+                                  f"graphs path with device cuda in a process of more than {SMALL_PROCESS_CAMERAS} "
+                                  f"cameras, else 1 ({SMALL_PROCESS_CAMERAS} cameras keep up with one each, in "
+                                  "less GPU memory; the OpenCV path analyses one frame at a time whatever this "
+                                  "says).")
     processes: int = Field(1, ge=1, le=64, description="Camera groups, each in a process of its own with its own "
                            "engine (cameras dealt round-robin, in config order). One Python process runs out of "
                            "GIL before a large GPU runs out of work: 64 cameras of 1080p at 25 fps on an H200 "
@@ -342,20 +343,23 @@ class InferenceConfig(StrictModel):
         if not self.graph_frames:
             return self
         update: dict[str, int] = {}
-        if self.frames_in_flight == 0 and self.device == "cuda" and cameras <= SMALL_PROCESS_CAMERAS:
-            update["frames_in_flight"] = 1
-        most = max(1, cameras) * update.get("frames_in_flight", self.frames_in_flight_for(True))
+        in_flight = self.frames_in_flight_for(True, cameras)
+        if in_flight != self.frames_in_flight_for(True):  # auto, resolved for these cameras: kept in the copy
+            update["frames_in_flight"] = in_flight
+        most = max(1, cameras) * in_flight
         if most < self.max_batch:
             update["max_batch"] = most
         return self.model_copy(update=update) if update else self
 
-    def frames_in_flight_for(self, graph: bool) -> int:
+    def frames_in_flight_for(self, graph: bool, cameras: int | None = None) -> int:
         """frames_in_flight with auto resolved, for the frame graphs path (`graph`) or the OpenCV path (always 1:
-        it analyses a frame on the camera's thread before taking the next)."""
+        it analyses a frame on the camera's thread before taking the next); auto is 2 on cuda, but 1 in a process
+        of `cameras` <= SMALL_PROCESS_CAMERAS (for_cameras keeps that in its copy)."""
         if not graph:
             return 1
         if self.frames_in_flight == 0:
-            return 2 if self.device == "cuda" else 1
+            few = cameras is not None and cameras <= SMALL_PROCESS_CAMERAS
+            return 2 if self.device == "cuda" and not few else 1
         return self.frames_in_flight
 
     @model_validator(mode="after")
