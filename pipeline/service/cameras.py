@@ -83,8 +83,13 @@ class Camera:
         self.capture_stop.set()
 
     def analysed_frame(self, obs: Observation) -> Frame | None:
-        """The frame `obs` describes, when this camera's worker still holds it (for the annotated preview)."""
-        frame = getattr(self.worker, "last_frame", None)
+        """The frame `obs` describes, when this camera's worker still holds it (for the annotated preview), taken:
+        the worker lets go of it, so the preview store alone decides whether its pixels stay (a frame on the GPU
+        holds one of the camera's pool buffers). Called from the worker's own publish, once per observation."""
+        worker = self.worker
+        frame = getattr(worker, "last_frame", None)
+        if isinstance(worker, PreviewingWorker):
+            worker.last_frame = None
         return frame if frame is not None and frame.index == obs.frame_index else None
 
     def with_worker(self, worker: CameraWorker, stop: threading.Event) -> Camera:

@@ -3,6 +3,12 @@
 Cheap by construction: workers only store a reference to their latest Frame and Observation (no copy, no drawing);
 a JPEG is drawn and encoded only when a client asks, at most `preview_fps` times a second per camera however many
 clients watch, and scaled down to at most MAX_WIDTH pixels first.
+
+The analysed frame is kept only while someone watches the camera (asked within WATCH_S): a kept frame pins its
+pixels, and on the GPU frame path that is one of the camera's pool buffers (6.2 MB at 1080p, 0.4 GB at 64 cameras:
+BENCHMARKS.md, issue 25, round 12) for a page nobody may open. The first tile after a quiet spell shows the capture's
+newest frame with the latest observation drawn on it (at most a frame or two newer than what was analysed); the
+tiles after it show the analysed frame itself.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ MAX_WIDTH = 640
 JPEG_QUALITY = 70
 ATTENDED_COLOUR = (255, 255, 255)  # BGR: the second frame around the face the avatar looks at
 STALE_ANALYSIS_S = 2.0  # an analysed frame older than this is replaced by the raw newest frame (analysis stuck)
+WATCH_S = 10.0  # a camera whose preview was asked for within this many seconds is watched: its frames are kept
 
 # BGR colours per emotion, so a tile reads at a glance.
 COLOURS: dict[str, tuple[int, int, int]] = {
@@ -41,25 +48,35 @@ class PreviewStore:
 
     def __init__(self, fps: float, raw_frame: Callable[[str], Frame | None] | None = None,
                  remote: Callable[[str], RenderedPreview | None] | None = None,
-                 attended: Callable[[str], int | None] | None = None) -> None:
-        """`attended(camera)`: the track the avatar looks at on that camera (marked on its tile), None: nobody."""
+                 attended: Callable[[str], int | None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`attended(camera)`: the track the avatar looks at on that camera (marked on its tile), None: nobody.
+        `clock`: monotonic seconds (frames' and observations' `t_mono` are on the same clock)."""
         self.fps = fps
+        self._clock = clock
         self._attended = attended or (lambda _name: None)
         self.renders = 0
         self._raw_frame = raw_frame or (lambda _name: None)
         self._remote = remote  # a camera whose frames are in another process (a camera group) renders there
-        self._latest: dict[str, tuple[Frame, Observation]] = {}
+        self._latest: dict[str, tuple[Frame | None, Observation]] = {}
+        self._asked: dict[str, float] = {}  # camera -> when its preview was last asked for (monotonic)
         self._cache: dict[str, RenderedPreview] = {}
         self._lock = threading.Lock()
         self._render_locks: dict[str, threading.Lock] = {}
 
     def update(self, frame: Frame, obs: Observation) -> None:
-        """Called by a worker for every observation: one dict assignment."""
-        self._latest[frame.camera] = (frame, obs)
+        """Called by a worker for every observation: one dict assignment; the frame is kept only while watched."""
+        self._latest[frame.camera] = (frame if self.watched(frame.camera, self._clock()) else None, obs)
+
+    def watched(self, camera: str, now: float) -> bool:
+        """Whether a client asked for this camera's preview within WATCH_S of `now` (monotonic)."""
+        asked = self._asked.get(camera)
+        return self.fps > 0 and asked is not None and now - asked <= WATCH_S
 
     def forget(self, camera: str) -> None:
         with self._lock:
             self._latest.pop(camera, None)
+            self._asked.pop(camera, None)
             self._cache.pop(camera, None)
 
     def jpeg(self, camera: str) -> RenderedPreview | None:
@@ -70,7 +87,8 @@ class PreviewStore:
             lock = self._render_locks.setdefault(camera, threading.Lock())
         with lock:  # two clients asking at once share one render
             cached = self._cache.get(camera)
-            now = time.monotonic()
+            now = self._clock()
+            self._asked[camera] = now
             if cached is not None and now - cached.rendered_mono < 1.0 / self.fps:
                 return cached
             frame, obs = self._pick(camera, now)
@@ -97,10 +115,15 @@ class PreviewStore:
         return rendered
 
     def _pick(self, camera: str, now: float) -> tuple[Frame | None, Observation | None]:
-        latest = self._latest.get(camera)
-        if latest is not None and now - latest[0].t_mono <= STALE_ANALYSIS_S:
-            return latest
-        return self._raw_frame(camera), None
+        """The latest analysed frame and its observation; the capture's newest frame alone when the analysis is
+        stale, or with the latest observation when its frame was not kept (nobody was watching)."""
+        frame, obs = self._latest.get(camera, (None, None))
+        if obs is None or now - obs.t_mono > STALE_ANALYSIS_S:
+            return self._raw_frame(camera), None
+        if frame is None:
+            raw = self._raw_frame(camera)
+            return (raw, obs) if raw is not None else (None, None)
+        return frame, obs
 
 
 def annotate(image: np.ndarray, obs: Observation | None, max_width: int = MAX_WIDTH,
