@@ -226,6 +226,24 @@ case "${1:-check}" in
         --json "$OUT/small_pipeline_fif$fif.json" | tail -3
     done
     ;;
+  pool)  # issue 25 round 12: the frames a camera's pool holds. CAMS (64) cameras in 2 groups (student, interval 3,
+    # max_batch 32): this tree against BASE=DIR (a copy of the commit before the previews let go of unwatched frames),
+    # alternated ROUNDS (1) times, then this tree with one frame in flight; then BIG (150) cameras in groups of <= 32
+    # with frames in flight FIFS (2 1), max_batch as the daemon sizes it (cameras x frames in flight); BIG=0 skips them
+    cp -n models/*.onnx models/*.json "$BASE/models/" 2>/dev/null; ln -sfn "$PWD/.benchdata" "$BASE/.benchdata"
+    student="--set emotion.model=dlibface_student64"
+    for round in ${ROUNDS:-1}; do
+      CAMS=${CAMS:-64} PROCS=2 INTERVAL=3 TAG="_new_$round" EXTRA="$student --max-batch 32" bash "$0" groups
+      (cd "$BASE" && PYTHONPATH="$HOME/site:$BASE" CAMS=${CAMS:-64} PROCS=2 INTERVAL=3 TAG="_base_$round" \
+        EXTRA="$student --max-batch 32" bash deploy/gpu-bench.sh groups)
+    done
+    CAMS=${CAMS:-64} PROCS=2 INTERVAL=3 TAG="_fif1" EXTRA="$student --max-batch 32 --frames-in-flight 1" bash "$0" groups
+    big=${BIG:-150}
+    [ "$big" = 0 ] || for fif in ${FIFS:-2 1}; do
+      CAMS=$big PROCS=$(( (big + 31) / 32 )) INTERVAL=3 TAG="_fif$fif" EXTRA="$student --frames-in-flight $fif" \
+        bash "$0" groups
+    done
+    ;;
   interval-sweep)  # issue 25: the most cameras at detector.interval INTERVAL (3) with MODEL (the default), groups of
     # PER (32) cameras under MPS, each count of CAMS_LIST
     for cams in ${CAMS_LIST:-128 160}; do
