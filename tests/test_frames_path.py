@@ -18,7 +18,7 @@ import pytest
 
 from pipeline.config.app import ConfigError, parse_config
 from pipeline.core.types import Detection, EmotionScores
-from pipeline.inference.frames import FramePerception, frame_format
+from pipeline.inference.frames import FramePerception, TrackedFrame, frame_format
 from pipeline.inference.perception import Perception, load_perception
 from pipeline.inference.settings import InferenceConfig
 from tests.conftest import data_path
@@ -237,6 +237,38 @@ def test_frames_beyond_one_detector_run_are_detected_in_parts(graph_perception: 
         small.close()
     assert runs == [2, 2, 1], runs
     whole = graph_perception.engine.run_items(frames)
+    assert sum(len(result.scores) for result in whole) >= len(frames)  # faces to compare
+    for result, reference in zip(parted, whole):
+        np.testing.assert_array_equal(result.boxes, reference.boxes)
+        np.testing.assert_allclose(result.probs, reference.probs, atol=1e-5)
+
+
+def test_a_batch_is_run_in_parts_that_a_lane_can_hold(graph_perception: FramePerception, prepared_models: None,
+                                                      app_config: Any) -> None:
+    """A lane holds at most inference.max_frames_per_run frames (on cuda its one frame buffer has that many rows): a
+    batch of followed and detected frames runs in parts of that many, the frames to detect on first, so the detector
+    runs as often as in one part; every frame gets the faces and emotions it gets in one part."""
+    frames = _frames(data_path("video", "group_1080p.mp4"), 7, 13)
+    detected = [graph_perception.analyze(frame) for frame in frames]
+    items: list[Any] = [TrackedFrame(frame, faces) if index % 2 == 0 else frame
+                        for index, (frame, (faces, _, _)) in enumerate(zip(frames, detected))]
+    config = _graph_config(_both_ways(app_config))
+    small = load_perception(config.model_copy(update={"inference": config.inference.model_copy(
+        update={"max_frames_per_run": 3})}))
+    lane = small.engine._lanes[0]  # type: ignore[attr-defined]
+    calls: list[tuple[int, int]] = []  # (frames staged, of which detected) per detect() call
+    detect = lane.detect
+
+    def counted(staged: Any, fmt: Any, thresholds: Any, rows: int | None = None) -> Any:
+        calls.append((len(staged), len(staged) if rows is None else rows))
+        return detect(staged, fmt, thresholds, rows)
+    lane.detect = counted
+    try:
+        parted = small.engine.run_items(items)
+    finally:
+        small.close()
+    assert calls == [(3, 3), (3, 0), (1, 0)], calls  # 3 detected frames first, then the 4 followed ones
+    whole = graph_perception.engine.run_items(items)
     assert sum(len(result.scores) for result in whole) >= len(frames)  # faces to compare
     for result, reference in zip(parted, whole):
         np.testing.assert_array_equal(result.boxes, reference.boxes)

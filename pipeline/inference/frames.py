@@ -220,10 +220,13 @@ class FrameEngine:
 
     def __init__(self, lanes: list[FrameLane], detector: DetectorConfig, emotion: EmotionConfig,
                  classifier: ModelManifest, max_batch: int, describe: dict[str, str],
-                 faces_per_run: int = 256) -> None:
+                 faces_per_run: int = 256, frames_per_part: int = 1024) -> None:
+        """`frames_per_part` (inference.max_frames_per_run): a batch is run in parts of at most this many frames,
+        each staged, detected and read in turn, so a lane holds that many frames, not max_batch (see _run_group)."""
         self.lanes = len(lanes)
         self.max_batch = max_batch
         self._faces_per_run = max(1, faces_per_run)
+        self._frames_per_part = max(1, frames_per_part)
         self._lanes = lanes
         self._detector = detector
         self._emotion = emotion
@@ -264,12 +267,25 @@ class FrameEngine:
 
     def _run_group(self, items: list[FrameImage | TrackedFrame], fmt: FrameFormat,
                    lane: int) -> list[FrameResult]:
-        """Both graphs on one format's frames (frames to detect on first, then frames whose faces are given); between
-        and after them only array work on this (the lane's) thread. Results come back in the items' order."""
-        runner = self._lanes[lane]
+        """One format's frames, those to detect on first (then frames whose faces are given), in consecutive parts
+        of at most `frames_per_part` frames. Why parts: a lane keeps the frames it reads in one GPU buffer, and a
+        buffer of max_batch 1080p frames is 6.2 MB a row (0.4 GB at 64 rows, per camera group) where the detector
+        already reads at most max_frames_per_run frames a run; a batch of detections and followed frames puts its
+        detections in the first parts, so the detector runs as often as before. Results in the items' order."""
         self.prepare(fmt, lane)
         order = sorted(range(len(items)), key=lambda i: isinstance(items[i], TrackedFrame))  # stable
-        ordered = [items[i] for i in order]
+        results: list[FrameResult | None] = [None] * len(items)
+        for part in run_slices(len(order), self._frames_per_part):
+            indices = order[part]
+            for index, result in zip(indices, self._run_part([items[i] for i in indices], fmt, lane)):
+                results[index] = result
+        return results  # type: ignore[return-value]
+
+    def _run_part(self, ordered: list[FrameImage | TrackedFrame], fmt: FrameFormat,
+                  lane: int) -> list[FrameResult]:
+        """Both graphs on a part's frames (frames to detect on first, then frames whose faces are given); between
+        and after them only array work on this (the lane's) thread. Results in `ordered`'s order."""
+        runner = self._lanes[lane]
         tracked = [item for item in ordered if isinstance(item, TrackedFrame)]
         rows = len(ordered) - len(tracked)
         t0 = time.monotonic()
@@ -280,14 +296,14 @@ class FrameEngine:
         probs = self._classify(runner, fmt, matrices, frame_index)
         t3 = time.monotonic()
         emotions = normalised(probs, self._order, flips)
-        results: list[FrameResult | None] = [None] * len(items)
-        for position, index in enumerate(order):
+        results = []
+        for position in range(len(ordered)):
             rows_of = kept.rows(position)
             detect_ms = (t1 - t0) * 1e3 if position < rows else 0.0
             timings = {"detect": detect_ms, "crop": (t2 - t1) * 1e3, "emotion": (t3 - t2) * 1e3}
-            results[index] = FrameResult(kept.boxes[rows_of], kept.scores[rows_of], kept.landmarks[rows_of],
-                                         emotions[rows_of], timings)
-        return results  # type: ignore[return-value]
+            results.append(FrameResult(kept.boxes[rows_of], kept.scores[rows_of], kept.landmarks[rows_of],
+                                       emotions[rows_of], timings))
+        return results
 
     def faces_and_crops(self, outputs: dict[str, np.ndarray], fmt: FrameFormat, tracked: list[TrackedFrame],
                         rows: int) -> tuple[KeptFaces, np.ndarray, np.ndarray, int]:
@@ -452,7 +468,7 @@ def load_frame_perception(detector_path: Path, classifier_path: Path, detector: 
                 "frame_path": "graph", "lanes": str(len(lanes)),
                 "files": f"{detector_path.name}, {classifier_path.name}"}
     engine = FrameEngine(lanes, detector, emotion, classifier, inference.max_batch, describe,
-                         inference.faces_per_run)
+                         inference.faces_per_run, inference.max_frames_per_run)
     model = BatchedModel(engine, "frames", inference.max_batch, inference.max_delay_ms, inference.queue_size)
     return FramePerception(model, engine, frames_in_flight=inference.frames_in_flight_for(graph=True),
                            interval=detector.interval)

@@ -267,12 +267,13 @@ class InferenceConfig(StrictModel):
                                    "max_batch 32 or more, 128 at 16, 64 at 8 (8 cameras' batches: 1,239 MiB of an "
                                    "H200 in all; at max_batch 16, 1,517 MiB with 128 against 2,063 with 256; "
                                    "BENCHMARKS.md, bench memory).")
-    max_frames_per_run: int = Field(16, ge=1, le=1024, description="Frame graphs path: the most frames the "
-                                    "detector reads in one run; a batch with more frames to detect on runs in "
-                                    "parts over the same frame buffer. On cuda each padded count up to this has its "
-                                    "own session, and the largest run sets the detector's share of the memory "
-                                    "arena: a run of 64 1080p frames holds them once as float16 (0.8 GB) before "
-                                    "its first halving (BENCHMARKS.md, bench memory).")
+    max_frames_per_run: int = Field(16, ge=1, le=1024, description="Frame graphs path: the most frames a lane "
+                                    "holds and the detector reads in one run; a larger batch runs in parts of this "
+                                    "many (its frames to detect on first). On cuda each padded count up to this has "
+                                    "its own session, the largest run sets the detector's share of the memory arena "
+                                    "(a run of 64 1080p frames holds them once as float16, 0.8 GB, before its first "
+                                    "halving), and each lane's frame buffer has this many rows (6.2 MB each at "
+                                    "1080p; BENCHMARKS.md, bench memory).")
     cudnn_max_workspace: bool = Field(True, description="device cuda: let cuDNN choose convolution algorithms "
                                       "that need the largest scratch memory (ONNX Runtime's "
                                       "cudnn_conv_use_max_workspace, its default). false: less GPU memory per "

@@ -1,16 +1,16 @@
 """One CUDA lane of the frame graphs path: a batch of whole frames in GPU memory, read by both graphs in place.
 
-Per frame format the lane owns one device buffer of `max_batch` frames. detect() fills its first rows, on the lane's
+Per frame format the lane owns one device buffer of `max_frames_per_run` frames (the engine runs a larger batch in
+parts of that many: FrameEngine._run_group; 6.2 MB a 1080p row). detect() fills its first rows, on the lane's
 stream: device to device from an NVDEC frame (core.types.DeviceImage), host to device from a CPU-decoded one. Both
 graphs are bound to that buffer with ONNX Runtime's I/O binding (no numpy copy of a frame anywhere); only the
 thresholds, the crop matrices and the frame index of each face go up, and only faces and probabilities come down.
 
 Like CudaLane, each graph has one session per padded size (frames: powers of `step` up to `frame_cap`; faces: powers
-of `step` up to `face_cap`), because ONNX Runtime's CUDA provider re-plans for seconds on any new input shape. A batch
-with more frames to detect on than `frame_cap` is detected in consecutive runs over rows of the one buffer
-(inference.max_frames_per_run): the largest run sets the detector's share of the memory arena, and a run of 64 1080p
-frames holds them as float16 once (0.8 GB) before the first halving. The classifier graph is always bound to the
-whole buffer, so its only varying shape is the face count.
+of `step` up to `face_cap`), because ONNX Runtime's CUDA provider re-plans for seconds on any new input shape. One
+detect() takes at most `frame_cap` frames (inference.max_frames_per_run): the largest run sets the detector's share of
+the memory arena (a run of 64 1080p frames holds them as float16 once, 0.8 GB, before the first halving), and the
+buffer's rows. The classifier graph is always bound to the whole buffer, so its only varying shape is the face count.
 
 The caller (the batcher's runner thread) holds the frames it passed until detect/classify return; both end with
 outputs copied to the host, i.e. after the stream has finished reading them.
@@ -29,7 +29,7 @@ import numpy as np
 from pipeline.core.types import FrameImage
 from pipeline.inference.backend import BackendError
 from pipeline.inference.gpu.cuda import DeviceBuffer, Stream
-from pipeline.inference.frame_faces import no_face_rows, run_slices, stacked_rows
+from pipeline.inference.frame_faces import no_face_rows
 from pipeline.inference.gpu.cuda_lane import padded_rows, padded_size
 from pipeline.modelprep.frame_graphs import (
     FACE_OUTPUTS,
@@ -70,11 +70,10 @@ class CudaFrameLane:
         self.what = what
         self._graphs = graphs
         self._session_factory = session_factory
-        self._max_batch = max_batch
         self._step = step
         self._face_cap = max(1, face_cap)
         self._frame_cap = max(1, min(frame_cap or max_batch, max_batch))
-        self._rows = padded_rows(max_batch, step, self._frame_cap)  # the buffer's rows: every padded run fits
+        self._rows = padded_rows(self._frame_cap, step, self._frame_cap)  # the buffer's rows: every padded run fits
         self._formats: dict[FrameFormat, _FormatState] = {}
         self._lock = threading.Lock()
         self._stream: Stream | None = Stream(what)
@@ -123,10 +122,11 @@ class CudaFrameLane:
 
     def detect(self, items: Sequence[FrameImage], fmt: FrameFormat, thresholds: dict[str, np.ndarray],
                rows: int | None = None) -> dict[str, np.ndarray]:
-        """Every frame into the batch buffer; the detector graph on the first `rows` (all when None), in runs of at
-        most `frame_cap` frames."""
-        if len(items) > self._max_batch:
-            raise BackendError(f"{self.what}: {len(items)} frames exceed max_batch {self._max_batch}")
+        """Every frame (at most `frame_cap`: the engine runs a batch in parts) into the buffer; the detector graph on
+        the first `rows` (all when None), in one padded run."""
+        if len(items) > self._frame_cap:
+            raise BackendError(f"{self.what}: {len(items)} frames exceed the lane's {self._frame_cap} a run "
+                               f"(inference.max_frames_per_run)")
         count = len(items) if rows is None else rows
         with self._lock:
             stream = self._live_stream()
@@ -134,8 +134,7 @@ class CudaFrameLane:
             self._stage(stream, state, items)
             if count == 0:  # frames without detection only: the copies stay queued before classify's run
                 return no_face_rows()
-            parts = [self._detect_run(fmt, state, run, thresholds) for run in run_slices(count, self._frame_cap)]
-        return stacked_rows(parts)
+            return self._detect_run(fmt, state, slice(0, count), thresholds)
 
     def _detect_run(self, fmt: FrameFormat, state: _FormatState, run: slice,
                     thresholds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
