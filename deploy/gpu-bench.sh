@@ -244,6 +244,15 @@ case "${1:-check}" in
         bash "$0" groups
     done
     ;;
+  parts)  # issue 25 round 12: a lane holds max_frames_per_run frames (a batch runs in parts): each count of CAMS_LIST
+    # (64 150) in groups of <= 32 (student, interval 3, max_batch as the daemon sizes it) at each batch step of STEPS
+    for cams in ${CAMS_LIST:-64 150}; do
+      for step in ${STEPS:-2 4}; do
+        CAMS=$cams PROCS=$(( (cams + 31) / 32 )) INTERVAL=3 TAG="_parts_step$step" \
+          EXTRA="--set emotion.model=dlibface_student64 --batch-step $step ${EXTRA:-}" bash "$0" groups
+      done
+    done
+    ;;
   interval-sweep)  # issue 25: the most cameras at detector.interval INTERVAL (3) with MODEL (the default), groups of
     # PER (32) cameras under MPS, each count of CAMS_LIST
     for cams in ${CAMS_LIST:-128 160}; do
