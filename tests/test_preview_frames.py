@@ -68,20 +68,25 @@ def _frame(images: list[np.ndarray], index: int) -> Frame:
     return Frame("lobby", index, images[index % len(images)].copy(), time.monotonic(), time.time())
 
 
-def test_an_unwatched_camera_keeps_no_analysed_frame(perception: Any, images: list[np.ndarray]) -> None:
-    clock, newest = Clock(), []
-    wiring = Wiring(perception, clock, newest)
-    frame = _frame(images, 0)
+def _kept_after_analysis(wiring: Wiring, images: list[np.ndarray], index: int) -> bool:
+    """Analyse frame `index` and drop the test's own reference: whether anything still holds its pixels."""
+    frame = _frame(images, index)
     pixels = weakref.ref(frame.image)
     wiring.analyse(frame)
     del frame
     gc.collect()
-    assert pixels() is None, "an analysed frame was kept although nobody watches the camera"
+    return pixels() is not None
+
+
+def test_an_unwatched_camera_keeps_no_analysed_frame(perception: Any, images: list[np.ndarray]) -> None:
+    wiring = Wiring(perception, Clock(), [])
+    assert not _kept_after_analysis(wiring, images, 0), "an analysed frame was kept although nobody watches"
 
 
 def test_a_watched_camera_keeps_its_analysed_frame_until_nobody_watches(perception: Any,
                                                                          images: list[np.ndarray]) -> None:
-    clock, newest = Clock(), []
+    clock = Clock()
+    newest: list[Frame] = []
     wiring = Wiring(perception, clock, newest)
     wiring.analyse(_frame(images, 0))
     newest.append(_frame(images, 1))  # the capture's newest frame, one after the analysed one
@@ -89,20 +94,10 @@ def test_a_watched_camera_keeps_its_analysed_frame_until_nobody_watches(percepti
     assert first is not None and first.jpeg[:3] == b"\xff\xd8\xff"
     assert first.key[:2] == (1, 1), "the first tile should draw the latest observation on the newest frame"
 
-    analysed = _frame(images, 2)
-    pixels = weakref.ref(analysed.image)
-    wiring.analyse(analysed)
-    del analysed
-    gc.collect()
-    assert pixels() is not None, "a watched camera's analysed frame was dropped"
+    assert _kept_after_analysis(wiring, images, 2), "a watched camera's analysed frame was dropped"
     clock.offset += 1.0  # past the preview's 1/fps: the next tile is rendered anew
     tile = wiring.previews.jpeg("lobby")
     assert tile is not None and tile.key[:2] == (2, 1), "the tile should show the analysed frame itself"
 
     clock.offset += WATCH_S + 1.0  # nobody asked for a while
-    later = _frame(images, 3)
-    pixels = weakref.ref(later.image)
-    wiring.analyse(later)
-    del later
-    gc.collect()
-    assert pixels() is None, "the frame was kept after the viewers left"
+    assert not _kept_after_analysis(wiring, images, 3), "the frame was kept after the viewers left"
