@@ -172,3 +172,52 @@ def test_faces_and_emotions_agree_with_cpu_decoding(perception: object) -> None:
             same_top += a.emotion == b.emotion
     assert same_count == len(expected) and faces > 0
     assert same_top >= 0.9 * faces
+
+
+# ---------------------------------------------------------------- the frame pools' ledger (everywhere)
+
+class _CudaRuntimeStandIn:
+    """cuda-python's runtime where no GPU exists: addresses handed out and taken back, nothing copied. Only the
+    calls DevicePool makes; `fail_free` makes cudaFree report an error, as on a GPU that has failed."""
+
+    def __init__(self) -> None:
+        self.live: set[int] = set()
+        self.next = 0x1000
+        self.fail_free = False
+
+    def cudaMalloc(self, nbytes: int) -> tuple[int, int]:  # noqa: N802 - cuda-python's name
+        self.next += nbytes
+        self.live.add(self.next)
+        return 0, self.next
+
+    def cudaFree(self, ptr: int) -> tuple[int]:  # noqa: N802
+        if self.fail_free:
+            return (999,)
+        self.live.remove(ptr)
+        return (0,)
+
+
+def test_frame_pools_count_what_they_hold_on_the_gpu() -> None:
+    """bench memory's split of "cameras decoding" into NVDEC's surfaces and our frame pools: the ledger follows every
+    pool's buffers (allocated, reused, freed at close or when the last image goes) and keeps the largest count."""
+    from pipeline.capture.nvdec import DevicePool, frame_pool_allocations
+
+    before = frame_pool_allocations()
+    runtime = _CudaRuntimeStandIn()
+    pool = DevicePool("cam", 1000, runtime, stream=None)
+    held = [pool.acquire() for _ in range(3)]
+    pool.release(held.pop())
+    held.append(pool.acquire())  # the released buffer again: no new allocation
+    now = frame_pool_allocations()
+    assert now["buffers"] - before["buffers"] == 3 and now["bytes"] - before["bytes"] == 3000
+    assert now["peak_buffers"] >= before["buffers"] + 3
+    pool.release(held.pop())
+    pool.close()  # the idle buffer is freed now, the two still held when they come back
+    assert frame_pool_allocations()["buffers"] - before["buffers"] == 2
+    runtime.fail_free = True
+    pool.release(held.pop())  # a failed cudaFree is logged and not counted as freed
+    runtime.fail_free = False
+    pool.release(held.pop())
+    after = frame_pool_allocations()
+    assert after["buffers"] - before["buffers"] == 1 and after["bytes"] - before["bytes"] == 1000
+    assert len(runtime.live) == 1

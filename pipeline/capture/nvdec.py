@@ -48,6 +48,25 @@ PACKAGE = "PyNvVideoCodec"
 GPU_REQUIREMENTS = "pip install -r requirements-gpu.txt"
 PEEK_PACKETS = 8  # enough for a B-frame reorder to show in the presentation times
 
+_pools_lock = threading.Lock()
+_pools = {"buffers": 0, "bytes": 0, "peak_buffers": 0, "peak_bytes": 0}  # every DevicePool of this process
+
+
+def frame_pool_allocations() -> dict[str, int]:
+    """GPU frame buffers that every NVDEC source's pool holds in this process (in use or idle), now and at most:
+    `bench memory` tells them apart from NVDEC's own surfaces, which are allocated inside PyNvVideoCodec."""
+    with _pools_lock:
+        return dict(_pools)
+
+
+def _account_pool_buffer(nbytes: int) -> None:
+    """A pool's buffer allocated (`nbytes` > 0) or freed (< 0)."""
+    with _pools_lock:
+        _pools["buffers"] += 1 if nbytes > 0 else -1
+        _pools["bytes"] += nbytes
+        _pools["peak_buffers"] = max(_pools["peak_buffers"], _pools["buffers"])
+        _pools["peak_bytes"] = max(_pools["peak_bytes"], _pools["bytes"])
+
 
 @functools.cache
 def nvdec_problem() -> str | None:
@@ -289,11 +308,14 @@ class DevicePool:
                                   f"(analysis is not keeping up or is stuck)")
             self._count += 1
         try:
-            return int(self._cuda(f"cudaMalloc ({self.nbytes} bytes for a frame)", self._runtime.cudaMalloc(self.nbytes)))
+            buffer = int(self._cuda(f"cudaMalloc ({self.nbytes} bytes for a frame)",
+                                    self._runtime.cudaMalloc(self.nbytes)))
         except SourceError:
             with self._lock:
                 self._count -= 1
             raise
+        _account_pool_buffer(self.nbytes)
+        return buffer
 
     def copy(self, dst: int, src: int) -> None:
         """Device-to-device copy of one frame, finished before returning (the next Decode may reuse `src`)."""
@@ -332,6 +354,8 @@ class DevicePool:
             self._cuda("cudaFree (frame buffer)", self._runtime.cudaFree(buffer))
         except SourceError as exc:  # on a GPU that has failed; nothing else can be done with the memory
             log.warning("%s", exc)
+            return
+        _account_pool_buffer(-self.nbytes)
 
     def _cuda(self, call: str, result: Any) -> Any:
         status, *values = result if isinstance(result, tuple) else (result,)

@@ -26,6 +26,7 @@ import threading
 import time
 from typing import Any
 
+from pipeline.capture.nvdec import frame_pool_allocations
 from pipeline.capture.sources import open_source
 from pipeline.capture.thread import CaptureThread
 from pipeline.inference.frames import FramePerception
@@ -71,6 +72,17 @@ def _ledger() -> dict[str, int]:
     except ImportError:
         return {}
     return live_allocations()
+
+
+def _frame_pools(cameras: int) -> dict[str, float]:
+    """The NVDEC sources' GPU frame pools (capture.nvdec), now and at their largest, in MiB and buffers a camera:
+    the part of the "cameras decoding" step that is ours, the rest being NVDEC's own surfaces."""
+    pools = frame_pool_allocations()
+    per = max(1, cameras)
+    return {"buffers": pools["buffers"], "mib": round(pools["bytes"] / 2**20, 1),
+            "peak_buffers": pools["peak_buffers"], "peak_mib": round(pools["peak_bytes"] / 2**20, 1),
+            "buffers_per_camera": round(pools["buffers"] / per, 2),
+            "peak_buffers_per_camera": round(pools["peak_buffers"] / per, 2)}
 
 
 def _cuda_context(device: str) -> str:
@@ -131,6 +143,7 @@ def bench_memory(args: argparse.Namespace) -> dict[str, Any]:
         analysed = sum(worker.stats.analysed.total for worker in workers)
         steps.mark("analysing (peak)", gpu_mb=peak, note=f"{analysed} frames analysed in {args.duration:.0f} s")
         ledger = _ledger()
+        pools = _frame_pools(len(captures))
     finally:
         stop.set()
         for thread in [*captures, *workers]:
@@ -145,7 +158,8 @@ def bench_memory(args: argparse.Namespace) -> dict[str, Any]:
             "memory_pattern": cfg.inference.memory_pattern, "gpu_stack_bytes": cfg.inference.gpu_stack_bytes,
             "steps": steps.rows,
             "project_buffers": {key: (round(value / 2**20, 1) if key.endswith("bytes") else value)
-                                for key, value in ledger.items()}}
+                                for key, value in ledger.items()},
+            "frame_pools": pools}
 
 
 def print_memory_table(result: dict[str, Any]) -> None:
@@ -163,3 +177,8 @@ def print_memory_table(result: dict[str, Any]) -> None:
     if result["project_buffers"]:
         print("the project's own CUDA buffers (MB, count): " + ", ".join(
             f"{key} {value}" for key, value in result["project_buffers"].items()))
+    pools = result.get("frame_pools") or {}
+    if pools.get("peak_buffers"):
+        print(f"NVDEC frame pools: {pools['buffers']} buffers, {pools['mib']} MiB ({pools['buffers_per_camera']} a "
+              f"camera); at most {pools['peak_buffers']} ({pools['peak_mib']} MiB, "
+              f"{pools['peak_buffers_per_camera']} a camera)")
