@@ -106,6 +106,9 @@ def test_groups_analyse_every_camera_survive_a_killed_process_and_reload_back(
     assert all(cam["frames_analysed"] > 0 for cam in status["cameras"]), status["cameras"]
     assert any(key.endswith("@cameras-1") for key in status["models"]) and \
         any(key.endswith("@cameras-2") for key in status["models"]), status["models"]
+    processes = {proc["name"]: proc for proc in status["processes"]}  # each process's host memory, by name
+    assert sorted(processes) == ["cameras-1", "cameras-2", "daemon"], status["processes"]
+    assert all(processes[name]["pid"] == pid and processes[name]["rss_mb"] > 50 for name, (pid, _) in groups.items())
     assert wait_until(lambda: re.search(r'emotion_batch_size_count\{model="[^"]+@cameras-2"\} [1-9]',
                                         _get(f"{base}/metrics")), 10), "no batches counted for cameras-2's models"
     # the status page's annotated preview of a group's camera, rendered in its group

@@ -126,6 +126,9 @@ def test_metrics_parse_with_per_camera_series(served: tuple[RunningDaemon, str])
                                                           if s.name.endswith("_count"))
     assert {s.labels["output"] for s in families["emotion_output_events_dropped"].samples} == {"stdout", "websocket"}
     assert "emotion_websocket_clients_dropped" in families
+    rss = {s.labels["process"]: s.value for s in families["emotion_process_resident_memory_bytes"].samples}
+    cpu = {s.labels["process"]: s.value for s in families["emotion_process_cpu_seconds"].samples}
+    assert set(rss) == set(cpu) == {"daemon"} and rss["daemon"] > 50 * 2**20 and cpu["daemon"] > 0
 
 
 def test_api_status_shape(served: tuple[RunningDaemon, str]) -> None:
@@ -143,6 +146,10 @@ def test_api_status_shape(served: tuple[RunningDaemon, str]) -> None:
     assert body["models"]["detector"]["backend"] == "onnxruntime"
     assert {"precision", "device", "mean_batch"} <= set(body["models"]["emotion"])
     assert [s["type"] for s in body["sinks"]] == ["stdout", "websocket"]
+    daemon, _ = served
+    (own,) = body["processes"]  # one process: no camera groups here
+    assert own["name"] == "daemon" and own["pid"] == daemon.proc.pid
+    assert own["rss_mb"] > 50 and own["cpu_s"] > 0  # the models alone take more
 
 
 async def _collect(url: str, seconds: float, until: Any = None) -> list[dict[str, Any]]:

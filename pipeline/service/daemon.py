@@ -12,6 +12,7 @@ Everything that reports on the daemon (status, metrics, the status server) reads
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import signal
 import threading
@@ -66,6 +67,7 @@ from pipeline.service.groups import (
 )
 from pipeline.service.lifecycle import close_sinks, join_all, run_bounded
 from pipeline.service.logs import setup_logging
+from pipeline.service.procs import ProcessView, process_view
 from pipeline.service.metrics import PipelineMetrics
 from pipeline.service.notify import Notifier
 from pipeline.service.parts import (
@@ -376,7 +378,12 @@ class Daemon:
             server_present=server is not None, server_alive=server is not None and server.is_alive(),
             cameras=tuple(cam.view(now) for cam in list(self.cameras.values()))
             + tuple(view for group in self.groups for view in group.view_cameras()),
-            models=self._model_views(), outputs=self._output_views(), visitors=self.tally.summary(now))
+            models=self._model_views(), outputs=self._output_views(), visitors=self.tally.summary(now),
+            processes=self._process_views())
+
+    def _process_views(self) -> tuple[ProcessView, ...]:
+        own = process_view("daemon", os.getpid())
+        return (own, *(process_view(group.name, pid) for group in self.groups if (pid := group.pid) is not None))
 
     def _model_views(self) -> tuple[ModelView, ...]:
         remote = tuple(model for group in self.groups for model in group.models)

@@ -148,6 +148,7 @@ class _LiveCollector(Collector):
         yield from self._cameras(snap)
         yield from self._models(snap)
         yield from self._outputs(snap)
+        yield from self._processes(snap)
         up = GaugeMetricFamily(f"{PREFIX}_uptime_seconds", "Seconds since the daemon started.")
         up.add_metric([], snap.uptime_s)
         yield up
@@ -165,6 +166,21 @@ class _LiveCollector(Collector):
         for result, count in snap.reloads.items():
             reloads.add_metric([result], count)
         yield reloads
+
+    @staticmethod
+    def _processes(snap: DaemonSnapshot) -> Iterator[Metric]:
+        """Each process of the daemon (its own, each camera group's) by name: what a leak or a heavy group shows in."""
+        rss = GaugeMetricFamily(f"{PREFIX}_process_resident_memory_bytes", "Resident host memory of each of the "
+                                "daemon's processes (the daemon, each camera group).", labels=["process"])
+        cpu = CounterMetricFamily(f"{PREFIX}_process_cpu_seconds", "User and system CPU time of each of the daemon's "
+                                  "processes since it started (a restarted group starts again).", labels=["process"])
+        for proc in snap.processes:
+            if proc.rss_bytes is not None:
+                rss.add_metric([proc.name], proc.rss_bytes)
+            if proc.cpu_seconds is not None:
+                cpu.add_metric([proc.name], proc.cpu_seconds)
+        yield rss
+        yield cpu
 
     @staticmethod
     def _cameras(snap: DaemonSnapshot) -> Iterator[Metric]:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.inference.backend import BackendHealth, runner_health
 from pipeline.outputs.base import Delivery
+from pipeline.service.procs import ProcessView
 
 if TYPE_CHECKING:
     from pipeline.capture.stats import CameraHealth
@@ -117,6 +118,7 @@ class DaemonSnapshot:
     streams: tuple[str, ...] = ()  # the command streams: each avatar, then each camera in no avatar
     current: Mapping[str, Any] = field(default_factory=dict)  # stream → its last command (current_json)
     visitors: Mapping[str, Any] = field(default_factory=dict)  # camera → VisitorTally.summary's row
+    processes: tuple[ProcessView, ...] = ()  # the daemon's own process, then each running camera group's
 
     def has_camera(self, name: str) -> bool:
         """Whether a camera of that name runs (the status server's 404 check)."""

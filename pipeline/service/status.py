@@ -265,6 +265,10 @@ def status_document(snapshot: DaemonSnapshot, now: float | None = None) -> dict[
         "recent_commands": list(snapshot.recent_commands)[::-1],
         "avatars": _avatars_status(snapshot),
         "visitors": dict(snapshot.visitors),
+        "processes": [{"name": proc.name, "pid": proc.pid,
+                       "rss_mb": None if proc.rss_bytes is None else round(proc.rss_bytes / 2**20, 1),
+                       "cpu_s": None if proc.cpu_seconds is None else round(proc.cpu_seconds, 1)}
+                      for proc in snapshot.processes],
     }
 
 

@@ -193,7 +193,10 @@ async function refresh() {
     overall.textContent = status.status;
     overall.className = "badge " + status.status;
     const ws = status.websocket.enabled ? ` · ws clients ${status.websocket.clients}` : "";
-    $("#summary").textContent = `up ${fmt(status.uptime_s / 60, 1)} min · ${status.cameras.length} camera(s)${ws}`;
+    const memory = (status.processes || []).filter((p) => p.rss_mb !== null)
+      .map((p) => `${p.name} ${fmt(p.rss_mb / 1024, 2)} GiB`).join(", ");
+    $("#summary").textContent = `up ${fmt(status.uptime_s / 60, 1)} min · ${status.cameras.length} camera(s)${ws}` +
+      (memory ? ` · memory: ${memory}` : "");
     $("#problems").replaceChildren(...status.problems.map((p) => el("li", "", p)));
     renderCameras(status.cameras, status.preview_fps);
     renderOutputs(status.sinks);
