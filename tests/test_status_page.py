@@ -8,6 +8,7 @@ on that skip). The daemon serves two looping file cameras with a token; the page
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -110,6 +111,8 @@ def test_status_page_shows_live_tiles(prepared_models: None, tmp_path: Path,
         assert all(word in help_text for word in ("excellent", "fair", "poor", "unusable", "reconnecting", "disabled"))
         assert wait_until(lambda: browser.find_element(By.ID, "overall").text == "ok", 30), \
             browser.find_element(By.ID, "problems").text
+        assert re.search(r"memory: daemon \d+\.\d\d GiB", browser.find_element(By.ID, "summary").text), \
+            browser.find_element(By.ID, "summary").text  # each process's host memory (one process here)
         assert wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#commands tbody tr"), 60), \
             "no recent command on the page"
 
