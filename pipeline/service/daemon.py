@@ -67,7 +67,6 @@ from pipeline.service.groups import (
 )
 from pipeline.service.lifecycle import close_sinks, join_all, run_bounded
 from pipeline.service.logs import setup_logging
-from pipeline.service.procs import ProcessView, process_view
 from pipeline.service.metrics import PipelineMetrics
 from pipeline.service.notify import Notifier
 from pipeline.service.parts import (
@@ -82,6 +81,7 @@ from pipeline.service.parts import (
     warn_if_events_unseen,
 )
 from pipeline.service.preview import PreviewStore, RenderedPreview
+from pipeline.service.procs import ProcessView, process_view
 from pipeline.service.reload import ReloadPlan, enabled_cameras, plan_reload
 from pipeline.service.server import ServerStartError, StatusServer
 from pipeline.service.snapshot import DaemonSnapshot, ModelView, OutputView, model_view
