@@ -47,6 +47,7 @@ from pipeline.inference.perception import Analyzer
 from pipeline.inference.settings import InferenceConfig
 from pipeline.modelprep.manifest import ManifestError, ModelError
 from pipeline.service.cameras import PreviewingWorker, new_camera, stop_cameras
+from pipeline.service.group_send import GroupSender
 from pipeline.service.lifecycle import run_bounded
 from pipeline.service.logs import setup_logging
 from pipeline.service.metrics import deque_tail
@@ -151,8 +152,8 @@ class _GroupCameras:
     """The group process's cameras over its own engine; what it learns goes to the daemon through `out`."""
 
     def __init__(self, cfg: AppConfig, cameras: list[CameraConfig], perception: Analyzer, out: Any) -> None:
-        self.cfg, self.perception, self.out = cfg, perception, out
-        self.dropped = 0
+        self.cfg, self.perception = cfg, perception
+        self.sender = GroupSender(out)  # every message to the daemon, observations in batches (group_send)
         self._sent: dict[str, tuple[int, int]] = {}  # per model: batches and items already described
         self.cameras = {cam_cfg.name: new_camera(
             cam_cfg, self._on_event, lambda c: open_camera_source(cfg.inference, c),
@@ -179,16 +180,10 @@ class _GroupCameras:
         frame = cam.analysed_frame(obs) if cam is not None else None
         if frame is not None:
             self.previews.update(frame, obs)
-        try:
-            self.out.put_nowait(("observation", obs))
-        except queue.Full:  # the daemon is not reading: behaviour wants what happens now, not a backlog
-            self.dropped += 1
+        self.sender.observation(obs)
 
     def _send(self, message: tuple[Any, ...]) -> None:
-        try:
-            self.out.put(message, timeout=1.0)
-        except queue.Full:
-            log.warning("camera group: the daemon is not reading; %s message dropped", message[0])
+        self.sender.send(message)
 
     def send_preview(self, camera: str) -> None:
         """The camera's annotated JPEG for the daemon's status page (rendered here, where the frames are)."""
@@ -198,7 +193,7 @@ class _GroupCameras:
         now = time.monotonic()
         cams = tuple(cam.view(now) for cam in self.cameras.values())
         models = tuple(self._since_last(model_view(role, model)) for role, model in self.perception.models())
-        self._send(("views", cams, models, self.dropped))
+        self._send(("views", cams, models, self.sender.dropped))
 
     def _since_last(self, view: ModelView) -> ModelView:
         """The view with a copy of its counters, whose recent-batch lists hold only batches not sent before (the
@@ -217,6 +212,7 @@ class _GroupCameras:
 
     def stop(self) -> None:
         stop_cameras(list(self.cameras.values()), GROUP_STOP["cameras"], GROUP_STOP["workers"])
+        self.sender.close()  # the last observations go before the views and "ended" that follow
         run_bounded(self.perception.close, GROUP_STOP["models"], "models")
 
 
@@ -428,8 +424,9 @@ class CameraGroup:
 
     def _dispatch(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
-        if kind == "observation":
-            self.handlers.observation(message[1])
+        if kind == "observations":  # a few at a time, in the order they were made (group_send)
+            for obs in message[1]:
+                self.handlers.observation(obs)
         elif kind == "event":
             self.handlers.camera_event(message[1])
         elif kind == "views":
