@@ -339,19 +339,20 @@ def test_cuda_batches_pad_to_a_few_fixed_sizes(step: int, expected: list[int], s
     assert len({padded_size(n, step, 64) for n in range(1, 65)}) == sizes
 
 
-@pytest.mark.parametrize("max_batch,step,cap,rows", [(64, 2, 16, 64), (64, 2, 64, 64), (35, 2, 16, 36),
-                                                     (40, 4, 16, 48), (8, 2, 16, 8), (24, 4, 16, 32)])
-def test_frame_runs_stay_inside_the_frame_buffer(max_batch: int, step: int, cap: int, rows: int) -> None:
-    """inference.max_frames_per_run: a batch detected in runs of at most `cap` frames, each padded to its session's
-    size, reads only rows of the lane's buffer; the buffer grows past max_batch only when the ladder demands it."""
+@pytest.mark.parametrize("max_batch,step,cap", [(64, 2, 16), (64, 2, 64), (35, 2, 16), (40, 4, 16), (8, 2, 16),
+                                                (24, 4, 12)])
+def test_frame_runs_stay_inside_the_frame_buffer(max_batch: int, step: int, cap: int) -> None:
+    """inference.max_frames_per_run: a batch runs in parts of at most `cap` frames (FrameEngine), each part staged
+    into the lane's buffer of that many rows (CudaFrameLane: min(cap, max_batch)) and detected in one run padded to
+    its session's size, which never reads past the buffer's rows."""
     from pipeline.inference.frame_faces import run_slices
-    from pipeline.inference.gpu.cuda_lane import padded_rows, padded_size
+    from pipeline.inference.gpu.cuda_lane import padded_size
 
-    assert padded_rows(max_batch, step, cap) == rows
+    rows = min(cap, max_batch)  # the lane's buffer (CudaFrameLane._rows)
     for count in range(1, max_batch + 1):
-        runs = run_slices(count, min(cap, max_batch))
-        assert [i for run in runs for i in range(run.start, run.stop)] == list(range(count))  # each row once, in order
-        assert all(run.start + padded_size(run.stop - run.start, step, min(cap, max_batch)) <= rows for run in runs)
+        parts = run_slices(count, rows)
+        assert [i for part in parts for i in range(part.start, part.stop)] == list(range(count))  # each once, in order
+        assert all(padded_size(part.stop - part.start, step, rows) <= rows for part in parts)
 
 
 def test_cuda_arena_sharing_degrades_with_a_warning_without_cuda(caplog: pytest.LogCaptureFixture) -> None:

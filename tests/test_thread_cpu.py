@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.threads import name_native_thread
-from pipeline.tools.thread_cpu import _thread_seconds, cores_by_role, cpu_by_role, cpu_by_role_of
+from pipeline.service.procs import stat_seconds
+from pipeline.tools.thread_cpu import cores_by_role, cpu_by_role, cpu_by_role_of
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread CPU is read from /proc")
 
@@ -43,7 +44,7 @@ def test_a_busy_thread_is_counted_under_its_role_and_an_idle_one_is_not() -> Non
 
 def test_stat_lines_with_spaces_and_parentheses_in_the_name() -> None:
     fields = " ".join(["S"] + ["0"] * 10 + ["250", "50"] + ["0"] * 30)
-    name, seconds = _thread_seconds(f"1234 (odd) name (x)) {fields}")
+    name, seconds = stat_seconds(f"1234 (odd) name (x)) {fields}")
     assert name == "odd) name (x)"
     assert seconds == pytest.approx(300 / os.sysconf("SC_CLK_TCK"))
 

@@ -121,10 +121,3 @@ def run_slices(count: int, cap: int) -> list[slice]:
     cuda the largest run a session sees sizes its share of the memory arena, so a batch is read in parts."""
     cap = max(1, cap)
     return [slice(start, min(start + cap, count)) for start in range(0, count, cap)]
-
-
-def stacked_rows(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """The detector graph's outputs of consecutive runs as one run's (every run has the same faces per row)."""
-    if len(parts) == 1:
-        return parts[0]
-    return {name: np.concatenate([part[name] for part in parts]) for name in FACE_OUTPUTS}

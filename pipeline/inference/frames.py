@@ -46,7 +46,6 @@ from pipeline.inference.frame_faces import (
     kept_faces,
     no_face_rows,
     run_slices,
-    stacked_rows,
 )
 from pipeline.inference.pending import Analysis, PendingAnalysis
 from pipeline.inference.settings import DetectorConfig, EmotionConfig, InferenceConfig
@@ -178,18 +177,20 @@ class HostFrameLane:
 
     def detect(self, items: Sequence[FrameImage], fmt: FrameFormat, thresholds: dict[str, np.ndarray],
                rows: int | None = None) -> dict[str, np.ndarray]:
+        """The part's frames (at most `frame_cap`: FrameEngine runs a batch in parts) stacked for classify(); the
+        detector graph on the first `rows` (all when None) in one run."""
         if not all(isinstance(item, np.ndarray) for item in items):
             raise BackendError("frame graphs on the CPU take host frames; a GPU frame needs inference.device cuda")
+        if len(items) > self._frame_cap:
+            raise BackendError(f"frame graphs lane: {len(items)} frames exceed its {self._frame_cap} a run "
+                               f"(inference.max_frames_per_run)")
         self._frames = np.stack(items)  # type: ignore[arg-type]
         rows = len(items) if rows is None else rows
         if rows == 0:
             return no_face_rows()
-        session = self._session("detector", fmt)
-        parts = []
-        for run in run_slices(rows, self._frame_cap):
-            outputs = session.run(list(FACE_OUTPUTS), {FRAME_INPUT: self._frames[run], **thresholds})
-            parts.append(dict(zip(FACE_OUTPUTS, outputs)))
-        return stacked_rows(parts)
+        outputs = self._session("detector", fmt).run(list(FACE_OUTPUTS),
+                                                      {FRAME_INPUT: self._frames[:rows], **thresholds})
+        return dict(zip(FACE_OUTPUTS, outputs))
 
     def classify(self, fmt: FrameFormat, matrices: np.ndarray, frame_index: np.ndarray) -> np.ndarray:
         if self._frames is None:

@@ -38,12 +38,18 @@ def _resident_bytes(directory: Path) -> int | None:
         return None
 
 
+def stat_seconds(stat: str) -> tuple[str, float]:
+    """(kernel name, user + system seconds) of one /proc/PID/stat or /proc/PID/task/TID/stat line. The name is in
+    parentheses and may itself hold spaces or parentheses, hence the split at the last ')'; utime and stime are
+    fields 14 and 15 of proc(5). ValueError or IndexError on a line that is not one."""
+    head, _, rest = stat.rpartition(")")
+    fields = rest.split()
+    ticks = int(fields[11]) + int(fields[12])
+    return head.partition("(")[2], ticks / os.sysconf("SC_CLK_TCK")
+
+
 def _cpu_seconds(directory: Path) -> float | None:
-    """utime + stime from /proc/PID/stat: the fields after the command name, which is in parentheses and may itself
-    hold spaces or parentheses (hence the split at the last ')')."""
     try:
-        after_name = (directory / "stat").read_text().rsplit(")", 1)[1].split()
-        ticks = int(after_name[11]) + int(after_name[12])  # fields 14 and 15 of proc(5), counted from the state
-        return ticks / os.sysconf("SC_CLK_TCK")
+        return stat_seconds((directory / "stat").read_text())[1]
     except (OSError, ValueError, IndexError):
         return None

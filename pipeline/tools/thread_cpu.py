@@ -11,10 +11,11 @@ library's thread started by one of them (an FFmpeg decoder's) counts under its s
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from pathlib import Path
+
+from pipeline.service.procs import stat_seconds
 
 TASKS = Path("/proc/self/task")
 _DIGITS = re.compile(r"\d+")
@@ -23,14 +24,6 @@ _DIGITS = re.compile(r"\d+")
 def _role_of(native_names: dict[int, str], tid: int, comm: str) -> str:
     name = native_names.get(tid)
     return _DIGITS.sub("N", name) if name is not None else f"native:{_DIGITS.sub('N', comm)}"
-
-
-def _thread_seconds(stat: str) -> tuple[str, float]:
-    """(kernel name, user + system seconds) of one /proc/.../stat line (the name may hold spaces and parentheses)."""
-    head, _, rest = stat.rpartition(")")
-    fields = rest.split()
-    ticks = int(fields[11]) + int(fields[12])  # utime and stime: fields 14 and 15 of the line
-    return head.partition("(")[2], ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _threads(tasks: Path) -> list[tuple[int, str, float]]:
@@ -43,7 +36,7 @@ def _threads(tasks: Path) -> list[tuple[int, str, float]]:
     found = []
     for task in entries:
         try:
-            comm, seconds = _thread_seconds((task / "stat").read_text())
+            comm, seconds = stat_seconds((task / "stat").read_text())
         except (OSError, IndexError, ValueError):  # the thread ended while we read it
             continue
         found.append((int(task.name), comm, seconds))

@@ -152,15 +152,3 @@ def padded_size(batch: int, step: int, max_batch: int) -> int:
     while size < batch:
         size *= step
     return min(size, max_batch)
-
-
-def padded_rows(max_batch: int, step: int, cap: int) -> int:
-    """Rows a batch buffer of `max_batch` items needs when it is read in runs of at most `cap`, each padded
-    (`padded_size`): the last run of a batch may read past the batch's own rows, never past these. `max_batch`
-    itself unless `cap` is not a power of `step` that divides it (35 frames in runs of 16 at step 2: 36 rows)."""
-    cap = max(1, min(cap, max_batch))
-    rows = max_batch
-    for count in range(1, max_batch + 1):
-        start = (count - 1) // cap * cap
-        rows = max(rows, start + padded_size(count - start, step, cap))
-    return rows

@@ -30,7 +30,7 @@ from pipeline.core.types import FrameImage
 from pipeline.inference.backend import BackendError
 from pipeline.inference.gpu.cuda import DeviceBuffer, Stream
 from pipeline.inference.frame_faces import no_face_rows
-from pipeline.inference.gpu.cuda_lane import padded_rows, padded_size
+from pipeline.inference.gpu.cuda_lane import padded_size
 from pipeline.modelprep.frame_graphs import (
     FACE_OUTPUTS,
     FRAME_INDEX_INPUT,
@@ -73,7 +73,7 @@ class CudaFrameLane:
         self._step = step
         self._face_cap = max(1, face_cap)
         self._frame_cap = max(1, min(frame_cap or max_batch, max_batch))
-        self._rows = padded_rows(self._frame_cap, step, self._frame_cap)  # the buffer's rows: every padded run fits
+        self._rows = self._frame_cap  # the buffer's rows: a run pads to at most frame_cap (padded_size's cap)
         self._formats: dict[FrameFormat, _FormatState] = {}
         self._lock = threading.Lock()
         self._stream: Stream | None = Stream(what)
@@ -134,17 +134,15 @@ class CudaFrameLane:
             self._stage(stream, state, items)
             if count == 0:  # frames without detection only: the copies stay queued before classify's run
                 return no_face_rows()
-            return self._detect_run(fmt, state, slice(0, count), thresholds)
+            return self._detect_run(fmt, state, count, thresholds)
 
-    def _detect_run(self, fmt: FrameFormat, state: _FormatState, run: slice,
+    def _detect_run(self, fmt: FrameFormat, state: _FormatState, count: int,
                     thresholds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The detector graph on the buffer's rows `run` (padded: the rows after it are read and their results
-        dropped); on the lane's stream, after the copies; returns with the outputs on the host."""
-        count = run.stop - run.start
+        """The detector graph on the buffer's first `count` rows (padded: the rows after them are read and their
+        results dropped); on the lane's stream, after the copies; returns with the outputs on the host."""
         bucket = padded_size(count, self._step, self._frame_cap)
         session, binding = self._detect_session(fmt, state, bucket)
-        binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [bucket, fmt.height, fmt.width, 3],
-                           state.frames.ptr + run.start * state.frame_bytes)
+        binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [bucket, fmt.height, fmt.width, 3], state.frames.ptr)
         for name, value in thresholds.items():
             binding.bind_cpu_input(name, value)
         binding.clear_binding_outputs()
