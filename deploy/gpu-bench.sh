@@ -3,7 +3,7 @@
 # onnxruntime-gpu there). Usage there, from the project root, with the prepared models/ and a copy of the test
 # videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | session-probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
 #  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | groups |
-#  groups-sweep | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu |
+#  groups-sweep | groups-ab | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu |
 #  cuda-handles | stack | small)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
@@ -251,6 +251,16 @@ case "${1:-check}" in
         CAMS=$cams PROCS=$(( (cams + 31) / 32 )) INTERVAL=3 TAG="_parts_step$step" \
           EXTRA="--set emotion.model=dlibface_student64 --batch-step $step ${EXTRA:-}" bash "$0" groups
       done
+    done
+    ;;
+  groups-ab)  # this tree against BASE=DIR (a copy of an older commit) as the daemon's camera groups: CAMS (150) cameras
+    # in groups of <= PER (32), INTERVAL (3), EXTRA for both, alternated new, base for each round of ROUNDS (1 2)
+    cp -n models/*.onnx models/*.json "$BASE/models/" 2>/dev/null; ln -sfn "$PWD/.benchdata" "$BASE/.benchdata"
+    cams=${CAMS:-150}; procs=$(( (cams + ${PER:-32} - 1) / ${PER:-32} ))
+    for round in ${ROUNDS:-1 2}; do
+      CAMS=$cams PROCS=$procs INTERVAL=${INTERVAL:-3} TAG="_new_$round${TAG:-}" bash "$0" groups
+      (cd "$BASE" && PYTHONPATH="$HOME/site:$BASE" CAMS=$cams PROCS=$procs INTERVAL=${INTERVAL:-3} \
+        TAG="_base_$round${TAG:-}" bash deploy/gpu-bench.sh groups)
     done
     ;;
   interval-sweep)  # issue 25: the most cameras at detector.interval INTERVAL (3) with MODEL (the default), groups of
