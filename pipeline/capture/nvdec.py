@@ -201,6 +201,10 @@ class NvdecSource(VideoSource):
         self._open_demuxer()  # a new demuxer from the start; the decoder (and its NVDEC session) is kept
         self._frames = 0
 
+    @property
+    def frames_pooled(self) -> bool:
+        return self._keep_on_device
+
     def retrieve(self) -> FrameImage:
         """The frame last grabbed: an NvdecImage that stays on the GPU (keep_on_device), else BGR on the host (its RGB
         pixels copied into pinned memory and reordered on the CPU). Only frames due under the fps cap get here."""
@@ -279,8 +283,9 @@ class DevicePool:
     """GPU buffers of one frame size for one source, reused: a frame's buffer comes back when its image is dropped.
 
     Why a pool: cudaMalloc/cudaFree on every frame would serialise with all GPU work (both synchronise the device).
-    The pool grows to what is in use at once (the slot's newest frame, the frame being analysed, one being filled:
-    about three) and never past `MAX_BUFFERS`: a camera whose frames are all held (analysis stuck) fails its grab
+    The pool grows to what is in use at once (the frames in flight and the one being filled: the capture reader
+    lets go of the slot's frame before filling the next unless a worker took it; BENCHMARKS.md round 13 measured
+    4.0 buffers a camera at two frames in flight before that) and never past `MAX_BUFFERS`: a camera whose frames are all held (analysis stuck) fails its grab
     with a SourceError, so the capture thread's retry logic handles it like any broken source.
 
     The copy runs on the decoder's stream (`stream`, owned by the source), so it is ordered after NVDEC's colour

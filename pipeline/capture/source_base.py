@@ -28,6 +28,12 @@ class VideoSource(ABC):
 
     kind = "abstract"
 
+    @property
+    def frames_pooled(self) -> bool:
+        """True when retrieve() fills one of a few frame buffers the source owns (NVDEC frames kept on the GPU):
+        the capture reader then lets go of the slot's untaken frame first, so that frame's buffer is refilled."""
+        return False
+
     @abstractmethod
     def grab(self, timeout: float) -> bool:
         """Wait for the next frame; False if none arrived within `timeout` seconds."""

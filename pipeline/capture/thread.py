@@ -67,6 +67,7 @@ class FrameSlot:
 
     def __init__(self) -> None:
         self._frame: Frame | None = None
+        self._taken_index = -1  # the index of the frame a worker took last
         self._cond = threading.Condition()
         self.published = 0
         self.taken = 0
@@ -83,6 +84,17 @@ class FrameSlot:
             self.closed = True
             self._cond.notify_all()
 
+    def drop_untaken(self) -> None:
+        """Let go of the newest frame if no worker has taken it: a newer one is about to replace it anyway.
+
+        Why: a source that fills its frames from a few buffers of its own (NVDEC frames kept on the GPU, 6.2 MB a
+        1080p frame) would otherwise need a buffer for the frame being filled while the slot still holds the one
+        it replaces; dropping that first lets the source refill the same buffer, a buffer less per camera. A frame
+        a worker took stays: the worker holds it anyway, and `latest` keeps showing it."""
+        with self._cond:
+            if self._frame is not None and self._frame.index > self._taken_index:
+                self._frame = None
+
     def wake(self) -> None:
         """Make a waiting take_newer look at its `unless` again (something other than a frame has happened)."""
         with self._cond:
@@ -98,10 +110,12 @@ class FrameSlot:
             if not ready or self._frame is None or self._frame.index <= after_index:
                 return None
             self.taken += 1
+            self._taken_index = self._frame.index
             return self._frame
 
     @property
     def latest(self) -> Frame | None:
+        """The newest frame; None before the first and, for a moment, while a pooled source refills it."""
         return self._frame
 
 
@@ -163,9 +177,12 @@ class SourceReader(threading.Thread):
     """
 
     def __init__(self, cfg: CameraConfig, factory: Callable[[CameraConfig], VideoSource],
-                 publish: Callable[[FrameImage], None], arrived: Callable[[], object]) -> None:
+                 publish: Callable[[FrameImage], None], arrived: Callable[[], object],
+                 make_room: Callable[[], None] = lambda: None) -> None:
+        """`make_room` runs before a pooled source (VideoSource.frames_pooled) fills its next frame."""
         super().__init__(name=f"reader-{cfg.name}", daemon=True)
         self.cfg = cfg
+        self._make_room = make_room
         self.session = ReadSession()  # the current or last session; a finished placeholder until the first
         self.session.done.set()
         self._factory = factory
@@ -258,6 +275,8 @@ class SourceReader(threading.Thread):
             if now < next_due - period * DUE_TOLERANCE:
                 self._arrived()  # counted as read (and skipped); keeps the stall watch fed
             else:
+                if source.frames_pooled:
+                    self._make_room()
                 self._publish(source.retrieve())
                 next_due = max(next_due + period, now - period)
             session.frames += 1  # after publishing: the watcher reads `frames > 0` as "last_frame_mono is ours"
@@ -354,7 +373,7 @@ class CaptureThread(threading.Thread):
             log.warning("camera %s: the reader is still blocked in its source %.0f s after the session ended; "
                         "starting a new reader thread", self.cfg.name, time.monotonic() - self._session_ended_mono)
             reader.retire()
-        reader = SourceReader(self.cfg, self._source_factory, self._publish, self._arrived)
+        reader = SourceReader(self.cfg, self._source_factory, self._publish, self._arrived, self.slot.drop_untaken)
         self.reader = reader
         self.readers_started += 1
         reader.start()
