@@ -228,6 +228,29 @@ def test_frame_pools_count_what_they_hold_on_the_gpu() -> None:
     assert len(runtime.live) == 1
 
 
+def test_a_pool_frees_what_a_slow_spell_grew_once_idle() -> None:
+    """A spell of slow analysis grows a camera's pool; once the camera needs fewer buffers again, the extras lie
+    idle and are freed one an acquire after DevicePool.IDLE_S, while the buffers still cycling are kept."""
+    from pipeline.capture.nvdec import DevicePool
+
+    now = [0.0]
+    runtime = _CudaRuntimeStandIn()
+    pool = DevicePool("cam", 1000, runtime, stream=None, clock=lambda: now[0])
+    spell = [pool.acquire() for _ in range(6)]  # six frames held at once
+    for buffer in spell:
+        pool.release(buffer)
+    for _ in range(100):  # then three at a time, for a minute: 3 s a round
+        held = [pool.acquire() for _ in range(3)]
+        now[0] += 3.0
+        for buffer in held:
+            pool.release(buffer)
+        if now[0] < DevicePool.IDLE_S:
+            assert pool.buffers == 6
+    assert pool.buffers == 3 and len(runtime.live) == 3
+    pool.close()
+    assert not runtime.live
+
+
 class _PooledCamera(VideoSource):
     """A camera (the boundary) whose frames, like NvdecSource's kept on the GPU, each fill a buffer of a DevicePool
     over the CUDA stand-in: a new frame every 5 ms, nothing copied."""

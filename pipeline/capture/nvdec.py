@@ -26,9 +26,10 @@ import importlib
 import itertools
 import logging
 import threading
+import time
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import cv2
@@ -289,25 +290,34 @@ class DevicePool:
     with a SourceError, so the capture thread's retry logic handles it like any broken source.
 
     The copy runs on the decoder's stream (`stream`, owned by the source), so it is ordered after NVDEC's colour
-    conversion of the frame; the lanes' streams are non-blocking and neither wait for it nor hold it up."""
+    conversion of the frame; the lanes' streams are non-blocking and neither wait for it nor hold it up.
+
+    A pool also shrinks: a spell of slow analysis (frames held longer) grows it, and a daemon that runs for weeks
+    should not keep that peak for good. Buffers are reused last-in first-out, so in a steady state the same few
+    cycle and any extra one lies idle; one idle for `IDLE_S` is freed at the next acquire (one a call: cudaFree
+    waits for the device, and this runs on the camera's reader thread)."""
 
     MAX_BUFFERS = 8
+    IDLE_S = 30.0
 
-    def __init__(self, label: str, nbytes: int, runtime: Any, stream: Any) -> None:
+    def __init__(self, label: str, nbytes: int, runtime: Any, stream: Any,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.label, self.nbytes = label, nbytes
         self._runtime = runtime
+        self._clock = clock
         self._lock = threading.Lock()
-        self._free: list[int] = []
+        self._free: list[tuple[int, float]] = []  # (buffer, when it came back), the most recent last
         self._count = 0
         self._closed = False
         self._stream = stream
 
     def acquire(self) -> int:
+        self._trim_idle()
         with self._lock:
             if self._closed:
                 raise SourceError(f"{self.label}: the frame pool is closed")
             if self._free:
-                return self._free.pop()
+                return self._free.pop()[0]
             if self._count >= self.MAX_BUFFERS:
                 raise SourceError(f"{self.label}: all {self.MAX_BUFFERS} GPU frame buffers are still held "
                                   f"(analysis is not keeping up or is stuck)")
@@ -339,8 +349,23 @@ class DevicePool:
         """Take a buffer back (an image was dropped); after close() it is freed instead."""
         with self._lock:
             if not self._closed:
-                self._free.append(buffer)
+                self._free.append((buffer, self._clock()))
                 return
+            self._count -= 1
+        self._free_device(buffer)
+
+    @property
+    def buffers(self) -> int:
+        """Buffers the pool holds, in use or idle."""
+        with self._lock:
+            return self._count
+
+    def _trim_idle(self) -> None:
+        """Free the longest-idle buffer if it has been idle for IDLE_S (the bottom of the last-in first-out stack)."""
+        with self._lock:
+            if not self._free or self._clock() - self._free[0][1] < self.IDLE_S:
+                return
+            buffer, _ = self._free.pop(0)
             self._count -= 1
         self._free_device(buffer)
 
@@ -349,7 +374,7 @@ class DevicePool:
             if self._closed:
                 return
             self._closed = True
-            idle, self._free = self._free, []
+            idle, self._free = [buffer for buffer, _ in self._free], []
             self._count -= len(idle)
         for buffer in idle:
             self._free_device(buffer)
