@@ -286,8 +286,9 @@ class DevicePool:
     Why a pool: cudaMalloc/cudaFree on every frame would serialise with all GPU work (both synchronise the device).
     The pool grows to what is in use at once (the frames in flight and the one being filled: the capture reader
     lets go of the slot's frame before filling the next unless a worker took it; BENCHMARKS.md round 13 measured
-    4.0 buffers a camera at two frames in flight before that) and never past `MAX_BUFFERS`: a camera whose frames are all held (analysis stuck) fails its grab
-    with a SourceError, so the capture thread's retry logic handles it like any broken source.
+    4.0 buffers a camera at two frames in flight before that) and never past `MAX_BUFFERS`: a camera whose frames
+    are all held (analysis stuck) fails its grab with a SourceError, so the capture thread's retry logic handles it
+    like any broken source.
 
     The copy runs on the decoder's stream (`stream`, owned by the source), so it is ordered after NVDEC's colour
     conversion of the frame; the lanes' streams are non-blocking and neither wait for it nor hold it up.
