@@ -222,3 +222,28 @@ def test_more_cameras_than_one_process_keeps_up_with_on_a_gpu_are_advised(tmp_pa
     config.write_text(config.read_text().replace("{device: cuda, processes: 2}", "{device: cpu}"))
     on_cpu = run_cli("check-config", str(config), timeout=60)
     assert on_cpu.returncode == 0 and "inference.processes" not in on_cpu.stderr, on_cpu.stderr
+
+
+def test_the_detector_on_every_frame_of_too_many_cameras_a_gpu_is_advised(tmp_path: Path) -> None:
+    """Past 64 enabled cameras a GPU with detector.interval 1, check-config suggests interval 3 (measured on an
+    H200: 96 cameras at interval 1 78 % analysed, 150 at interval 3 every frame); counted over the GPUs the camera
+    groups spread over (CUDA_VISIBLE_DEVICES here), and not on the CPU or at interval 3."""
+    cameras = "".join(f"  - {{name: cam{i}, source: demo{', enabled: false' if i >= 70 else ''}}}\n"
+                      for i in range(72))
+    config = tmp_path / "many.yaml"
+    config.write_text(f"cameras:\n{cameras}inference: {{device: cuda, processes: 3}}\nserver: {{enabled: false}}\n")
+    pipes = {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)}
+
+    def advice(env: dict[str, str]) -> list[str]:
+        done = run_cli("check-config", str(config), env={**pipes, **env}, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return [line for line in done.stderr.splitlines() if "warning: detector.interval:" in line]
+
+    one_gpu = advice({"CUDA_VISIBLE_DEVICES": "0"})
+    assert one_gpu and "70 cameras on 1 GPU(s), 70 a GPU" in one_gpu[0] and "consider interval: 3" in one_gpu[0]
+    assert not advice({"CUDA_VISIBLE_DEVICES": "0,1"})  # 35 a GPU
+    config.write_text(config.read_text().replace("server:", "detector: {interval: 3}\nserver:"))
+    assert not advice({"CUDA_VISIBLE_DEVICES": "0"})
+    config.write_text(config.read_text().replace("device: cuda", "device: cpu"))
+    config.write_text(config.read_text().replace("detector: {interval: 3}\n", ""))
+    assert not advice({"CUDA_VISIBLE_DEVICES": "0"})

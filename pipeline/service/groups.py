@@ -74,6 +74,8 @@ GROUP_STOP = {"cameras": 0.8, "workers": 0.4, "models": 0.4}
 MODEL_ERRORS = (ModelError, BackendError, ManifestError)
 MPS_PIPE_DEFAULT = "/tmp/nvidia-mps"  # where MPS's control daemon and its clients meet without CUDA_MPS_PIPE_DIRECTORY
 CAMERAS_PER_GROUP = 32  # 1080p x 25 fps cameras one process analysed every frame of, H200 (BENCHMARKS.md)
+CAMERAS_PER_GPU_EVERY_FRAME = 64  # ... one H200 analysed every frame of with the detector on every frame (round 13:
+# 96 gave 78 %)
 # BatchStats' recent lists and the counter each grows with: one entry per batch, or per item for the queue wait.
 _RECENT = {"batch_sizes": "batches", "recent_compute_ms": "batches", "recent_queue_ms": "items"}
 
@@ -106,6 +108,34 @@ def crowded_process(cameras: Sequence[CameraConfig], inference: InferenceConfig)
             f"{CAMERAS_PER_GROUP} cameras of 1080p one process's GIL is the limit (an H200 analysed 47-68 % of the "
             f"frames of 64 cameras in one process, 99.9 % as 2 groups under NVIDIA MPS); consider processes: "
             f"{wanted} with MPS running (README, \"Many cameras: what to tune\")")
+
+
+def detector_interval_advice(cameras: Sequence[CameraConfig], interval: int, inference: InferenceConfig,
+                             gpus: int = 1) -> str | None:
+    """Advice when `gpus` GPUs would run the detector on every frame (detector.interval 1) of more cameras than
+    one keeps up with: an H200 analysed 78 % of the frames of 96 cameras of 1080p at 25 fps at interval 1, and
+    every frame of 150 at interval 3 (the student model, BENCHMARKS.md rounds 9 and 13). None on the CPU, with
+    interval > 1, or at most CAMERAS_PER_GPU_EVERY_FRAME cameras a GPU."""
+    if inference.device == "cpu" or interval > 1:
+        return None
+    enabled = sum(1 for cam in cameras if cam.enabled)
+    per_gpu = -(-enabled // max(1, gpus))
+    if per_gpu <= CAMERAS_PER_GPU_EVERY_FRAME:
+        return None
+    return (f"{enabled} cameras on {gpus} GPU(s), {per_gpu} a GPU, with the detector on every frame: one H200 "
+            f"analysed 78 % of the frames of 96 cameras of 1080p at 25 fps that way, and every frame of 150 with "
+            f"interval: 3 and emotion.model: dlibface_student64; consider interval: 3 (README, \"Many cameras: what "
+            f"to tune\")")
+
+
+def gpus_in_use(inference: InferenceConfig, visible: Sequence[str]) -> int:
+    """How many GPUs the camera groups spread over (one for a single process, or when none is found)."""
+    if inference.processes <= 1:
+        return 1
+    try:
+        return max(1, len({gpu for gpu in group_gpus(inference, inference.processes, visible) if gpu is not None}))
+    except GroupStartError:  # a device number that is not there: the daemon's start says so
+        return 1
 
 
 def visible_gpus(environ: Mapping[str, str] = os.environ) -> list[str]:

@@ -5,7 +5,8 @@ fast and must not take a camera away from a daemon that is running:
 
 - quick (`check-config PATH`, the default) looks without opening anything: a video file or a /dev/videoN (a USB
   camera index N) that does not exist, `inference.device: cuda|tensorrt` when this onnxruntime lacks the provider
-  (or `backend: tensorrt` without its packages), camera groups on a GPU without NVIDIA's MPS running, a model
+  (or `backend: tensorrt` without its packages), camera groups on a GPU without NVIDIA's MPS running, more cameras
+  on a process or a GPU than it keeps up with (advice: camera groups, `detector.interval: 3`), a model
   without a manifest, and an int8 model file that was never prepared (the daemon cannot make one at start: int8
   needs calibration images). These are *warnings*, the exit
   stays 0: the file is valid, a camera may be plugged in or a file mounted after the check (the daemon keeps
@@ -78,11 +79,22 @@ def quick_findings(cfg: AppConfig) -> list[Finding]:
             findings.append(Finding(f"cameras[{index}].source", f"{problem}; the daemon would keep retrying it"))
     findings += device_findings(cfg.inference)
     # imported here: the quick check runs before every start, and needs no camera or model code otherwise
-    from pipeline.service.groups import crowded_process, mps_problem
+    from pipeline.service.groups import (
+        crowded_process,
+        detector_interval_advice,
+        gpus_in_use,
+        mps_problem,
+        visible_gpus,
+    )
 
     for problem in (mps_problem(cfg.inference), crowded_process(cfg.cameras, cfg.inference)):
         if problem:
             findings.append(Finding("inference.processes", problem))
+    if cfg.inference.device != "cpu" and cfg.detector.interval == 1:  # else no advice: skip asking nvidia-smi
+        gpus = gpus_in_use(cfg.inference, visible_gpus() if cfg.inference.processes > 1 else [])
+        advice = detector_interval_advice(cfg.cameras, cfg.detector.interval, cfg.inference, gpus)
+        if advice:
+            findings.append(Finding("detector.interval", advice))
     findings += model_file_findings(cfg)
     return findings
 
