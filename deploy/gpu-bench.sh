@@ -255,8 +255,8 @@ case "${1:-check}" in
     ;;
   groups-ab)  # this tree against BASE=DIR (a copy of an older commit) as the daemon's camera groups: CAMS (150) cameras
     # in groups of <= PER (32), INTERVAL (3), EXTRA for both, alternated new, base for each round of ROUNDS (1 2).
-    # WARMUP=1 first runs this tree once, kept apart (_warmup): a lease's first large run was often its slowest
-    # (round 13: 66 % analysed where the next runs had 96-99 %)
+    # WARMUP=1 first runs this tree once, kept apart (_warmup): a lease's first large runs were often its slowest
+    # (round 13, lease 1: 92 % and 66 % analysed in the first two, 96-100 % in later runs of the same settings)
     cp -n models/*.onnx models/*.json "$BASE/models/" 2>/dev/null; ln -sfn "$PWD/.benchdata" "$BASE/.benchdata"
     cams=${CAMS:-150}; procs=$(( (cams + ${PER:-32} - 1) / ${PER:-32} ))
     [ "${WARMUP:-0}" = 1 ] && CAMS=$cams PROCS=$procs INTERVAL=${INTERVAL:-3} TAG="_warmup${TAG:-}" bash "$0" groups
