@@ -40,6 +40,12 @@ SESSION_VARIANTS: dict[str, tuple[dict[str, str], dict[str, str], dict[str, str]
     "shared+cublas_ws_small+no_cpu_arena": (SHARED, {"no_cpu_arena": "1"}, {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}),
     "shared+cublas_ws_small+lazy": (SHARED, {}, {"CUBLAS_WORKSPACE_CONFIG": ":16:8", "CUDA_MODULE_LOADING": "LAZY"}),
     "shared+cublas_ws_small+eager": (SHARED, {}, {"CUBLAS_WORKSPACE_CONFIG": ":16:8", "CUDA_MODULE_LOADING": "EAGER"}),
+    # Round 13's question (the 75 MB is spent by a session's first run): cuDNN's convolution plans, chosen per
+    # session and shape, or ONNX Runtime's prepacked weights? No algorithm search, and no prepacking.
+    "shared+cublas_ws_small+default_algo": ({"cudnn_conv_algo_search": "DEFAULT"}, {},
+                                            {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}),
+    "shared+cublas_ws_small+no_prepack": (SHARED, {"session.disable_prepacking": "1"},
+                                         {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}),
     "shared+all": ({**SHARED, "cudnn_conv_use_max_workspace": "0"},
                    {"no_mem_pattern": "1", "session.use_device_allocator_for_initializers": "1"},
                    {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}),
