@@ -4,9 +4,9 @@ Why batches: every message on a multiprocessing queue wakes the queue's feeder t
 to a pipe, and the daemon's reader unpickles it; at 30 cameras × 25 fps that is 750 messages a second per group, and
 each wake-up is a GIL hand-off among the group's ~70 threads. Sending what arrived within SEND_EVERY_S as one message
 took the group's CPU per observation, beyond making it, from 135-170 to 65-85 µs, and the reader's from 80-100 to
-55-58 µs (`deploy/observation_queue_probe.py`, 30 threads × 25 fps, 2 cores; BENCHMARKS.md, issue 25, round 12):
-~0.4 cores at 150 cameras. The first observation after a quiet spell goes at once; later ones wait at most
-SEND_EVERY_S.
+55-58 µs (`deploy/observation_queue_probe.py`, 30 threads × 25 fps, 2 cores; BENCHMARKS.md, issue 25, round 12);
+at 150 cameras on an H200 the difference stayed within the runs' own spread (round 13). The first observation after
+a quiet spell goes at once; later ones wait at most SEND_EVERY_S.
 
 Why one object for every message: a camera's events (stopped, reconnecting) and the group's views must not overtake
 the observations made before them, so sending any other message first sends what is pending, under the same lock.

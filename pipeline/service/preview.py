@@ -6,9 +6,9 @@ clients watch, and scaled down to at most MAX_WIDTH pixels first.
 
 The analysed frame is kept only while someone watches the camera (asked within WATCH_S): a kept frame pins its
 pixels, and on the GPU frame path that is one of the camera's pool buffers (6.2 MB at 1080p; 64 cameras took 1 GB
-less GPU memory without them: BENCHMARKS.md, issue 25, round 12) for a page nobody may open. The first tile after a quiet spell shows the capture's
-newest frame with the latest observation drawn on it (at most a frame or two newer than what was analysed); the
-tiles after it show the analysed frame itself.
+less GPU memory without them: BENCHMARKS.md, issue 25, round 12) for a page nobody may open. The first tile after a
+quiet spell shows the capture's newest frame with the latest observation drawn on it (at most a frame or two newer
+than what was analysed); the tiles after it show the analysed frame itself.
 """
 
 from __future__ import annotations
