@@ -178,7 +178,7 @@ class SourceReader(threading.Thread):
 
     def __init__(self, cfg: CameraConfig, factory: Callable[[CameraConfig], VideoSource],
                  publish: Callable[[FrameImage], None], arrived: Callable[[], object],
-                 make_room: Callable[[], None] = lambda: None) -> None:
+                 make_room: Callable[[], None]) -> None:
         """`make_room` runs before a pooled source (VideoSource.frames_pooled) fills its next frame."""
         super().__init__(name=f"reader-{cfg.name}", daemon=True)
         self.cfg = cfg
