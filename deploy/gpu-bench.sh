@@ -3,7 +3,7 @@
 # onnxruntime-gpu there). Usage there, from the project root, with the prepared models/ and a copy of the test
 # videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | session-probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
 #  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | groups |
-#  groups-sweep | groups-ab | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu |
+#  groups-sweep | groups-ab | step-ab | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu |
 #  cuda-handles | stack | small)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
@@ -264,6 +264,18 @@ case "${1:-check}" in
       CAMS=$cams PROCS=$procs INTERVAL=${INTERVAL:-3} TAG="_new_$round${TAG:-}" bash "$0" groups
       (cd "$BASE" && PYTHONPATH="$HOME/site:$BASE" CAMS=$cams PROCS=$procs INTERVAL=${INTERVAL:-3} \
         TAG="_base_$round${TAG:-}" bash deploy/gpu-bench.sh groups)
+    done
+    ;;
+  step-ab)  # issue 25 (2026-12-03): inference.batch_step 2 against 4 as the daemon sizes its groups, CAMS (64) cameras in
+    # groups of <= PER (32), INTERVAL (3), MODEL (the student), EXTRA for both: for each round of ROUNDS (1 2) both
+    # steps, the second round in the other order, each run's JSON kept apart (_step$S_r$ROUND)
+    cams=${CAMS:-64}; order="2 4"
+    for round in ${ROUNDS:-1 2}; do
+      for step in $order; do
+        CAMS=$cams PROCS=$(( (cams + ${PER:-32} - 1) / ${PER:-32} )) INTERVAL=${INTERVAL:-3} TAG="_step${step}_r$round" \
+          EXTRA="--set emotion.model=${MODEL:-dlibface_student64} --batch-step $step ${EXTRA:-}" bash "$0" groups
+      done
+      order=$(echo "$order" | awk '{for (i = NF; i > 0; i--) printf "%s%s", $i, (i > 1 ? " " : "")}')
     done
     ;;
   interval-sweep)  # issue 25: the most cameras at detector.interval INTERVAL (3) with MODEL (the default), groups of

@@ -46,6 +46,10 @@ SESSION_VARIANTS: dict[str, tuple[dict[str, str], dict[str, str], dict[str, str]
                                             {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}),
     "shared+cublas_ws_small+no_prepack": (SHARED, {"session.disable_prepacking": "1"},
                                          {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}),
+    # cuDNN's measured search (cudnnFind, ONNX Runtime's own default) instead of its heuristics: whether the
+    # per-session host memory is the heuristics' state, and what the search does to steady speed.
+    "shared+cublas_ws_small+exhaustive": ({"cudnn_conv_algo_search": "EXHAUSTIVE"}, {},
+                                          {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}),
     "shared+all": ({**SHARED, "cudnn_conv_use_max_workspace": "0"},
                    {"no_mem_pattern": "1", "session.use_device_allocator_for_initializers": "1"},
                    {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}),
