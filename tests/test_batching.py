@@ -339,6 +339,26 @@ def test_cuda_batches_pad_to_a_few_fixed_sizes(step: int, expected: list[int], s
     assert len({padded_size(n, step, 64) for n in range(1, 65)}) == sizes
 
 
+@pytest.mark.parametrize("step,cap,smallest,expected", [
+    (2, 16, 4, [4, 8, 16]),  # a frame lane's detector at the defaults: 3 sessions, not 5
+    (2, 256, 16, [16, 32, 64, 128, 256]),  # its crops: 5, not 9
+    (4, 256, 16, [16, 64, 256]),
+    (4, 16, 4, [4, 16]),
+    (2, 8, 16, [8]),  # a cap below the smallest run: the cap alone
+    (2, 64, 1, [1, 2, 4, 8, 16, 32, 64])])
+def test_the_smallest_runs_are_padded_up_instead_of_prepared(step: int, cap: int, smallest: int,
+                                                             expected: list[int]) -> None:
+    """Every prepared size is a CUDA session (GPU and host memory for cuDNN's plans), so runs of a few frames or faces
+    are padded up to `smallest` rather than given sessions of their own; a run still fits its size, and no size
+    passes the cap."""
+    from pipeline.inference.gpu.cuda_lane import padded_size, padded_sizes
+
+    assert padded_sizes(step, cap, smallest) == expected
+    for count in range(1, cap + 1):
+        size = padded_size(count, step, cap, smallest)
+        assert count <= size <= cap and size in expected
+
+
 @pytest.mark.parametrize("max_batch,step,cap", [(64, 2, 16), (64, 2, 64), (35, 2, 16), (40, 4, 16), (8, 2, 16),
                                                 (24, 4, 12)])
 def test_frame_runs_stay_inside_the_frame_buffer(max_batch: int, step: int, cap: int) -> None:

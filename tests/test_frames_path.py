@@ -366,6 +366,33 @@ def test_on_cuda_frames_detected_in_parts(prepared_models: None, app_config: Any
 
 @pytest.mark.gpu
 @needs_cuda
+def test_on_cuda_a_run_of_one_frame_is_padded_without_its_padding_leaking(
+        prepared_models: None, app_config: Any, perception: Perception) -> None:
+    """Runs of fewer than SMALLEST_DETECT_RUN frames or SMALLEST_CLASSIFY_RUN faces have no session of their own
+    (each costs GPU and host memory): they run padded, over rows that still hold the last batch's frames. One frame
+    after a batch of five must give that frame's faces and emotions alone, as the OpenCV path reads them."""
+    from pipeline.inference.gpu.cuda_lane import padded_sizes
+    from pipeline.inference.gpu.frame_lane import SMALLEST_CLASSIFY_RUN, SMALLEST_DETECT_RUN
+
+    frames = _frames(data_path("video", "group_1080p.mp4"), 6, 11)
+    gpu = _prepared_gpu(app_config, frames[0])
+    try:
+        lane = gpu.engine._lanes[0]  # a test may look inside: the sizes the lane prepared
+        state = next(iter(lane._formats.values()))
+        assert sorted(state.detect) == padded_sizes(lane._step, lane._frame_cap, SMALLEST_DETECT_RUN)
+        assert sorted(state.classify) == padded_sizes(lane._step, lane._face_cap, SMALLEST_CLASSIFY_RUN)
+        assert min(state.detect) == SMALLEST_DETECT_RUN and min(state.classify) == SMALLEST_CLASSIFY_RUN
+        gpu.engine.run_items(frames[:5])
+        alone = gpu.engine.run_items(frames[5:])
+    finally:
+        gpu.close()
+    candidate = [(r.detections(), r.emotions(), r.timings) for r in alone]
+    same_count, same_top, worst_px, compared = _agreement([perception.analyze(frames[5])], candidate)
+    assert compared >= 2 and same_count == 1.0 and same_top >= 0.8 and worst_px <= 2.0  # 0.8: one near-tie of ~6 faces
+
+
+@pytest.mark.gpu
+@needs_cuda
 def test_on_cuda_frames_without_detection(prepared_models: None, app_config: Any) -> None:
     """The CUDA lane stages every frame of a batch and runs the detector graph on the detected ones only."""
     frames = _frames(data_path("video", "group_1080p.mp4"), 12, 13)

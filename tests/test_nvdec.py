@@ -251,6 +251,35 @@ def test_a_pool_frees_what_a_slow_spell_grew_once_idle() -> None:
     assert not runtime.live
 
 
+@pytest.mark.gpu
+@needs_nvdec
+def test_a_pool_on_the_gpu_gives_its_idle_buffers_back_to_cuda() -> None:
+    """The same slow spell over CUDA's own runtime (the lent H200): the buffers a pool frees once idle are given
+    back to the device, as cudaMemGetInfo sees it, and the ones still cycling stay. Only the clock is faked."""
+    from pipeline.capture.nvdec import DevicePool
+    from pipeline.inference.gpu.cuda import load_runtime, memory_info
+
+    now = [0.0]
+    frame = 1920 * 1080 * 3
+    pool = DevicePool("cam", frame, load_runtime(), stream=None, clock=lambda: now[0])
+    try:
+        free_before = memory_info()[0]
+        spell = [pool.acquire() for _ in range(6)]
+        grown = free_before - memory_info()[0]
+        for buffer in spell:
+            pool.release(buffer)
+        for _ in range(20):  # then three at a time: 3 s a round, a minute in all
+            held = [pool.acquire() for _ in range(3)]
+            now[0] += 3.0
+            for buffer in held:
+                pool.release(buffer)
+        given_back = memory_info()[0] - (free_before - grown)
+        assert pool.buffers == 3
+        assert grown >= 6 * frame and given_back >= 3 * frame  # CUDA rounds allocations up, never down
+    finally:
+        pool.close()
+
+
 class _PooledCamera(VideoSource):
     """A camera (the boundary) whose frames, like NvdecSource's kept on the GPU, each fill a buffer of a DevicePool
     over the CUDA stand-in: a new frame every 5 ms, nothing copied."""

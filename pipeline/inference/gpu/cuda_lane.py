@@ -143,12 +143,18 @@ class CudaLane:
                 stream.close()
 
 
-def padded_size(batch: int, step: int, max_batch: int) -> int:
-    """The batch size actually run for `batch` items: the next power of `step`, capped at `max_batch`.
+def padded_size(batch: int, step: int, max_batch: int, smallest: int = 1) -> int:
+    """The batch size actually run for `batch` items: the next power of `step` that is at least `smallest`, capped
+    at `max_batch`.
 
     A few fixed sizes (like TensorRT profiles or Triton's preferred batch sizes), each with its own session,
     all created and warmed before the cameras start; with step 4, padding wastes at most 3/4 of a small batch."""
     size = 1
-    while size < batch:
+    while size < max(batch, smallest):
         size *= step
     return min(size, max_batch)
+
+
+def padded_sizes(step: int, max_batch: int, smallest: int = 1) -> list[int]:
+    """Every size padded_size gives for 1..max_batch items: the sessions a lane prepares."""
+    return sorted({padded_size(n, step, max_batch, smallest) for n in range(1, max_batch + 1)})

@@ -6,8 +6,11 @@ stream: device to device from an NVDEC frame (core.types.DeviceImage), host to d
 graphs are bound to that buffer with ONNX Runtime's I/O binding (no numpy copy of a frame anywhere); only the
 thresholds, the crop matrices and the frame index of each face go up, and only faces and probabilities come down.
 
-Like CudaLane, each graph has one session per padded size (frames: powers of `step` up to `frame_cap`; faces: powers
-of `step` up to `face_cap`), because ONNX Runtime's CUDA provider re-plans for seconds on any new input shape. One
+Like CudaLane, each graph has one session per padded size (frames: powers of `step` from SMALLEST_DETECT_RUN up to
+`frame_cap`; faces: from SMALLEST_CLASSIFY_RUN up to `face_cap`), because ONNX Runtime's CUDA provider re-plans for
+seconds on any new input shape. The smallest sizes are not prepared: every CUDA session costs ~19 MB of GPU and ~75
+MB of host memory for cuDNN's convolution plans (BENCHMARKS.md round 14), while a padded run of a few frames or faces
+takes the GPU hardly longer than an exact one (the detector: 2.0 against 1.75 ms for 4 frames against 1). One
 detect() takes at most `frame_cap` frames (inference.max_frames_per_run): the largest run sets the detector's share of
 the memory arena (a run of 64 1080p frames holds them as float16 once, 0.8 GB, before the first halving), and the
 buffer's rows. The classifier graph is always bound to the whole buffer, so its only varying shape is the face count.
@@ -30,7 +33,7 @@ from pipeline.core.types import FrameImage
 from pipeline.inference.backend import BackendError
 from pipeline.inference.gpu.cuda import DeviceBuffer, Stream
 from pipeline.inference.frame_faces import no_face_rows
-from pipeline.inference.gpu.cuda_lane import padded_size
+from pipeline.inference.gpu.cuda_lane import padded_size, padded_sizes
 from pipeline.modelprep.frame_graphs import (
     FACE_OUTPUTS,
     FRAME_INDEX_INPUT,
@@ -43,6 +46,9 @@ from pipeline.modelprep.frame_graphs import (
 
 log = logging.getLogger(__name__)
 
+# The smallest padded runs: fewer frames or faces than these run padded up to them (see the module's docstring).
+SMALLEST_DETECT_RUN = 4
+SMALLEST_CLASSIFY_RUN = 16
 
 
 class GraphSource(Protocol):
@@ -112,9 +118,9 @@ class CudaFrameLane:
             state = self._state(fmt)
         zeros = np.zeros((fmt.height, fmt.width, 3), np.uint8)
         thresholds = {SCORE_THRESHOLD: np.array([0.5], np.float32), IOU_THRESHOLD: np.array([0.4], np.float32)}
-        for bucket in sorted({padded_size(n, self._step, self._frame_cap) for n in range(1, self._frame_cap + 1)}):
+        for bucket in padded_sizes(self._step, self._frame_cap, SMALLEST_DETECT_RUN):
             self.detect([zeros] * bucket, fmt, thresholds)
-        for bucket in sorted({padded_size(n, self._step, self._face_cap) for n in range(1, self._face_cap + 1)}):
+        for bucket in padded_sizes(self._step, self._face_cap, SMALLEST_CLASSIFY_RUN):
             matrices = np.tile(np.array([[1, 0, 0], [0, 1, 0]], np.float32), (bucket, 1, 1))
             self.classify(fmt, matrices, np.zeros(bucket, np.int64))
         log.info("%s: %dx%d %s ready (%d + %d sessions)", self.what, fmt.width, fmt.height, fmt.order,
@@ -140,7 +146,7 @@ class CudaFrameLane:
                     thresholds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The detector graph on the buffer's first `count` rows (padded: the rows after them are read and their
         results dropped); on the lane's stream, after the copies; returns with the outputs on the host."""
-        bucket = padded_size(count, self._step, self._frame_cap)
+        bucket = padded_size(count, self._step, self._frame_cap, SMALLEST_DETECT_RUN)
         session, binding = self._detect_session(fmt, state, bucket)
         binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [bucket, fmt.height, fmt.width, 3], state.frames.ptr)
         for name, value in thresholds.items():
@@ -167,7 +173,7 @@ class CudaFrameLane:
 
     def classify(self, fmt: FrameFormat, matrices: np.ndarray, frame_index: np.ndarray) -> np.ndarray:
         count = len(matrices)
-        bucket = padded_size(count, self._step, self._face_cap)
+        bucket = padded_size(count, self._step, self._face_cap, SMALLEST_CLASSIFY_RUN)
         if count > bucket:
             raise BackendError(f"{self.what}: {count} faces exceed the lane's face capacity {self._face_cap}")
         padded_matrices = np.zeros((bucket, 2, 3), np.float32)
