@@ -75,6 +75,10 @@ def test_bench_pipeline_with_camera_group_processes(prepared_models: None, tmp_p
     assert run["latency_ms"]["p99"] >= run["latency_ms"]["p50"] > 0
     assert run["batching"]["detector"]["mean_batch"] > 0 and run["batching"]["emotion"]["mean_batch"] > 0
     assert run["cpu_percent"] > 0 and run["peak_rss_mb"] > 300  # three interpreters with models, not one
+    by_process = run["host_memory"]["processes"]  # the daemon's side and each group, adding up to the sums
+    assert set(by_process) == {"daemon", "group 1", "group 2"}
+    assert abs(sum(m["rss_mb"] for m in by_process.values()) - run["host_memory"]["rss_mb"]) < 1.0
+    assert all(m["rss_mb"] >= m["anon_mb"] > 0 for m in by_process.values())
     # the groups' threads, read from /proc by the kernel names they give themselves (core.threads)
     roles = run["cores_by_thread"]
     assert roles["reader-camN"] > 0 and "worker-camN" in roles and any(r.startswith("lane-") for r in roles), roles

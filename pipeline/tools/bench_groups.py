@@ -47,7 +47,7 @@ def run_groups(args: argparse.Namespace, cfg: AppConfig, recorder: Any, warmup_s
         cpu_s, threads1 = _cpu_seconds(pids) - cpu0, cpu_by_role_of_all(pids)
         frames_in = _frames_in(groups) - frames_in0
         rss_mb, peak_mb = rss_mb_of(pids)
-        host = host_memory_mb(pids)
+        host = host_memory_by_process(pids)
         gpu_mb = gpu_memory_mb(pids)
         batching = _batch_stats([model for group in groups for model in group.models])
     finally:
@@ -113,19 +113,35 @@ def host_memory_mb(pids: list[int]) -> dict[str, float]:
     """This process's and `pids`' host memory summed three ways: resident (RSS, every mapped page counted in every
     process), proportional (PSS: a page shared by k processes counts 1/k, so the sum is what they take together)
     and anonymous (RssAnon: the processes' own heaps, not the libraries' file pages)."""
-    totals = {"rss_mb": 0.0, "pss_mb": 0.0, "anon_mb": 0.0}
-    for pid in ["self", *pids]:
-        try:
-            with open(f"/proc/{pid}/smaps_rollup") as handle:
-                rollup = dict(line.split(":", 1) for line in handle.read().splitlines()[1:] if ":" in line)
-            with open(f"/proc/{pid}/status") as handle:
-                status = dict(line.split(":", 1) for line in handle.read().splitlines() if ":" in line)
-        except OSError:
-            continue
-        totals["rss_mb"] += float(status["VmRSS"].split()[0]) / 1024
-        totals["pss_mb"] += float(rollup["Pss"].split()[0]) / 1024
-        totals["anon_mb"] += float(status["RssAnon"].split()[0]) / 1024
-    return {key: round(value, 1) for key, value in totals.items()}
+    read = [process_memory_mb("self"), *(process_memory_mb(pid) for pid in pids)]
+    return _summed([memory for memory in read if memory is not None])
+
+
+def _summed(each: list[dict[str, float]]) -> dict[str, float]:
+    return {key: round(sum(memory[key] for memory in each), 1) for key in ("rss_mb", "pss_mb", "anon_mb")}
+
+
+def process_memory_mb(pid: int | str) -> dict[str, float] | None:
+    """One process's RSS, PSS and anonymous memory in MB (see host_memory_mb); None once it has gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as handle:
+            rollup = dict(line.split(":", 1) for line in handle.read().splitlines()[1:] if ":" in line)
+        with open(f"/proc/{pid}/status") as handle:
+            status = dict(line.split(":", 1) for line in handle.read().splitlines() if ":" in line)
+    except OSError:
+        return None
+    return {"rss_mb": round(float(status["VmRSS"].split()[0]) / 1024, 1),
+            "pss_mb": round(float(rollup["Pss"].split()[0]) / 1024, 1),
+            "anon_mb": round(float(status["RssAnon"].split()[0]) / 1024, 1)}
+
+
+def host_memory_by_process(pids: list[int]) -> dict[str, Any]:
+    """host_memory_mb's sums, and each process's own: the daemon's side (this process: observations, behaviour,
+    outputs) and each camera group, so a breakdown tells a group's cost from the daemon's."""
+    read = {"daemon": process_memory_mb("self")}
+    read.update((f"group {index + 1}", process_memory_mb(pid)) for index, pid in enumerate(pids))
+    processes = {name: memory for name, memory in read.items() if memory is not None}
+    return {**_summed(list(processes.values())), "processes": processes}
 
 
 def _batch_stats(models: list[ModelView]) -> dict[str, Any]:

@@ -394,6 +394,9 @@ def print_pipeline_table(result: dict[str, Any]) -> None:
             h = r["host_memory"]
             print(f"{r['mode']}: host memory of all processes: RSS {h['rss_mb']} MB, PSS {h['pss_mb']} MB (shared "
                   f"library pages counted once), anonymous {h['anon_mb']} MB")
+            if h.get("processes"):
+                print(f"{r['mode']}: RSS / anonymous MB by process: " + ", ".join(
+                    f"{name} {m['rss_mb']:.0f} / {m['anon_mb']:.0f}" for name, m in h["processes"].items()))
     for r in result["results"]:
         if r.get("cores_by_thread"):
             print(f"{r['mode']}: cores by thread: " + ", ".join(f"{role} {c}" for role, c in r["cores_by_thread"].items()))
