@@ -11,7 +11,7 @@ Like CudaLane, each graph has one session per padded size (frames: powers of `st
 seconds on any new input shape. The smallest sizes are not prepared: every CUDA session costs ~19 MB of GPU and ~75
 MB of host memory, most of the latter cuDNN's choice of convolution algorithms, which each session keeps
 (BENCHMARKS.md round 14), while a padded run of a few frames or faces takes the GPU hardly longer than an exact one
-(the detector: 2.0 against 1.75 ms for 4 frames against 1). One
+(the detector network alone, round 4's probe: 2.0 ms for 4 frames against 1.75 for one). One
 detect() takes at most `frame_cap` frames (inference.max_frames_per_run): the largest run sets the detector's share of
 the memory arena (a run of 64 1080p frames holds them as float16 once, 0.8 GB, before the first halving), and the
 buffer's rows. The classifier graph is always bound to the whole buffer, so its only varying shape is the face count.
