@@ -170,9 +170,9 @@ def limit_cublas_workspace(config: str) -> None:
 
     Why: ONNX Runtime's CUDA provider makes a cuBLAS handle per session, and cuBLAS reserves its default workspace
     per handle: on the H200 each further session cost 147 MB, 19 MB with ":16:8" (deploy/ort_cuda_probe.py
-    --sessions), at the same speed; a camera group has 16 sessions. cuBLAS reads the variable when a handle is made,
-    so it is set in this process's environment (camera group processes inherit it). A value the operator set in the
-    daemon's environment is left as it is; "" leaves cuBLAS's default."""
+    --sessions), at the same speed; a camera group on the frame graphs path has 8 sessions. cuBLAS reads the
+    variable when a handle is made, so it is set in this process's environment (camera group processes inherit it).
+    A value the operator set in the daemon's environment is left as it is; "" leaves cuBLAS's default."""
     if config and not _CUBLAS_FROM_OPERATOR:
         os.environ[CUBLAS_ENV] = config
 
