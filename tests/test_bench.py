@@ -84,6 +84,24 @@ def test_bench_pipeline_with_camera_group_processes(prepared_models: None, tmp_p
     assert roles["reader-camN"] > 0 and "worker-camN" in roles and any(r.startswith("lane-") for r in roles), roles
 
 
+def test_bench_memory_steps_add_up_on_the_cpu(tmp_path: Path) -> None:
+    """bench memory on the CPU (no context, no frame graphs): each step's host readings, their differences adding up
+    to the last reading, and resident memory split into anonymous and shared."""
+    video = data_path("video", "woman2.mp4")
+    out = tmp_path / "memory.json"
+    done = run_cli("bench", "memory", "--video", str(video), "--cameras", "2", "--fps", "10", "--duration", "2",
+                   "--settle-s", "1", "--log-level", "warning", "--json", str(out), timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "shmem MB" in done.stdout
+    steps = json.loads(out.read_text())["steps"]
+    assert [s["step"] for s in steps][:3] == ["start", "CUDA context", "models loaded"]
+    assert steps[-1]["step"] == "analysing (peak)" and "frames analysed" in steps[-1]["note"]
+    grown = sum(s["rss_delta_mb"] for s in steps[1:])
+    assert abs(steps[0]["rss_mb"] + grown - steps[-1]["rss_mb"]) < 1.0
+    assert all(s["rss_mb"] >= s["anon_mb"] + s["shmem_mb"] - 0.2 for s in steps)  # each rounded to 0.1
+    assert steps[2]["rss_delta_mb"] > 20  # ONNX Runtime and the models
+
+
 @pytest.mark.parametrize("mode_args", [["capture", "--seconds", "1"]])
 def test_plot_that_cannot_be_written_keeps_the_json(tmp_path: Path, mode_args: list[str]) -> None:
     """The figures are saved before the plot is drawn; a bad plot path is a clear error, exit 2."""

@@ -118,11 +118,13 @@ def host_memory_mb(pids: list[int]) -> dict[str, float]:
 
 
 def _summed(each: list[dict[str, float]]) -> dict[str, float]:
-    return {key: round(sum(memory[key] for memory in each), 1) for key in ("rss_mb", "pss_mb", "anon_mb")}
+    return {key: round(sum(memory[key] for memory in each), 1)
+            for key in ("rss_mb", "pss_mb", "anon_mb", "shmem_mb")}
 
 
 def process_memory_mb(pid: int | str) -> dict[str, float] | None:
-    """One process's RSS, PSS and anonymous memory in MB (see host_memory_mb); None once it has gone."""
+    """One process's RSS, PSS, anonymous and shared memory in MB (see host_memory_mb; RssShmem: shared memory
+    mappings, where host memory that drivers map for a device shows up); None once it has gone."""
     try:
         with open(f"/proc/{pid}/smaps_rollup") as handle:
             rollup = dict(line.split(":", 1) for line in handle.read().splitlines()[1:] if ":" in line)
@@ -132,7 +134,8 @@ def process_memory_mb(pid: int | str) -> dict[str, float] | None:
         return None
     return {"rss_mb": round(float(status["VmRSS"].split()[0]) / 1024, 1),
             "pss_mb": round(float(rollup["Pss"].split()[0]) / 1024, 1),
-            "anon_mb": round(float(status["RssAnon"].split()[0]) / 1024, 1)}
+            "anon_mb": round(float(status["RssAnon"].split()[0]) / 1024, 1),
+            "shmem_mb": round(float(status.get("RssShmem", "0 kB").split()[0]) / 1024, 1)}
 
 
 def host_memory_by_process(pids: list[int]) -> dict[str, Any]:

@@ -11,9 +11,11 @@ One process does, in order, what a camera group does when it starts, and after e
   6. analysing        — the cameras analysed for `--duration` seconds (the peak over that time is reported).
 
 The deltas are the breakdown: context, model sessions with their arena, decoder surfaces with the frame pools, and
-what analysis adds on top (the arena grown to the largest batches). Host memory is shown as resident (RSS) and
-anonymous (the process's own heap: RSS less the pages of the libraries' files, which processes share). The project's own CUDA buffers (frame pools,
-lane batch buffers, pinned staging) are counted by pipeline.inference.gpu.cuda's ledger and reported apart.
+what analysis adds on top (the arena grown to the largest batches). Host memory is shown as resident (RSS),
+anonymous (the process's own heap: RSS less the pages of the libraries' files, which processes share) and shared
+memory (RssShmem: where host memory a driver maps for the device shows up; a camera's 17 MB of non-anonymous RSS on
+NVDEC in round 14 was not yet split). The project's own CUDA buffers (frame pools, lane batch buffers, pinned
+staging) are counted by pipeline.inference.gpu.cuda's ledger and reported apart.
 Options are bench pipeline's (cameras, video, fps, batch sizes, interval, ...), so one change can be measured per run.
 """
 
@@ -61,7 +63,8 @@ class Steps:
         rss = host["rss_mb"]
         last = self.rows[-1] if self.rows else None
         self.rows.append({
-            "step": step, "gpu_mb": gpu, "rss_mb": rss, "anon_mb": host["anon_mb"], "note": note,
+            "step": step, "gpu_mb": gpu, "rss_mb": rss, "anon_mb": host["anon_mb"], "shmem_mb": host["shmem_mb"],
+            "note": note,
             "gpu_delta_mb": None if gpu is None or last is None or last["gpu_mb"] is None else gpu - last["gpu_mb"],
             "rss_delta_mb": None if last is None else round(rss - last["rss_mb"], 1)})
 
@@ -167,13 +170,13 @@ def print_memory_table(result: dict[str, Any]) -> None:
           f"max_batch {result['max_batch']}, batch_step {result['batch_step']}, interval {result['interval']}, "
           f"{result['emotion_model']} {result['precision']}, cudnn_max_workspace {result['cudnn_max_workspace']}, "
           f"cuBLAS workspace {result['cublas_workspace'] or 'default'}, memory pattern {result['memory_pattern']})")
-    print(f"{'step':18} {'GPU MB':>8} {'+GPU':>8} {'RSS MB':>8} {'+RSS':>8} {'anon MB':>8}  note")
+    print(f"{'step':18} {'GPU MB':>8} {'+GPU':>8} {'RSS MB':>8} {'+RSS':>8} {'anon MB':>8} {'shmem MB':>8}  note")
     for row in result["steps"]:
         gpu = "-" if row["gpu_mb"] is None else f"{row['gpu_mb']:.0f}"
         gpu_delta = "" if row["gpu_delta_mb"] is None else f"{row['gpu_delta_mb']:+.0f}"
         rss_delta = "" if row["rss_delta_mb"] is None else f"{row['rss_delta_mb']:+.0f}"
-        print(f"{row['step']:18} {gpu:>8} {gpu_delta:>8} {row['rss_mb']:>8.0f} {rss_delta:>8} {row['anon_mb']:>8.0f}  "
-              f"{row['note']}")
+        print(f"{row['step']:18} {gpu:>8} {gpu_delta:>8} {row['rss_mb']:>8.0f} {rss_delta:>8} {row['anon_mb']:>8.0f} "
+              f"{row.get('shmem_mb', 0.0):>8.0f}  {row['note']}")
     if result["project_buffers"]:
         print("the project's own CUDA buffers (MB, count): " + ", ".join(
             f"{key} {value}" for key, value in result["project_buffers"].items()))
