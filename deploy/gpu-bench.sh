@@ -3,7 +3,7 @@
 # onnxruntime-gpu there). Usage there, from the project root, with the prepared models/ and a copy of the test
 # videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | session-probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
 #  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | groups |
-#  groups-sweep | groups-ab | step-ab | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu |
+#  groups-sweep | groups-ab | step-ab | split-probe | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu |
 #  cuda-handles | stack | small)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
@@ -20,6 +20,10 @@ case "${1:-check}" in
     ;;
   probe)
     python3 deploy/ort_cuda_probe.py models/retinaface_mnet025.fp16.onnx | tee "$OUT/probe.jsonl"
+    ;;
+  split-probe)  # issue 25 (cores): the frame detector graph split at the network's outputs, its body captured as a CUDA
+    # graph (deploy/split_detector_probe.py): wall and CPU ms per run against the whole graph, per batch of BATCHES
+    python3 deploy/split_detector_probe.py --device cuda --batches "${BATCHES:-4,8,16}" | tee "$OUT/split_probe${TAG:-}.jsonl"
     ;;
   session-probe)  # issue 25 item 3: what each further CUDA session costs with the shared arena, per option
     python3 deploy/ort_cuda_probe.py models/retinaface_mnet025.fp16.onnx --sessions ${SESSION_VARIANTS:-} \

@@ -1,0 +1,237 @@
+"""Probe for issue 25's cores target: the frame detector graph split in two, its body captured as a CUDA graph.
+
+The lanes' CPU is ONNX Runtime launching the frame graphs' kernels node by node (BENCHMARKS.md round 8: 82 % of a
+lane's samples in `run_with_iobinding`). ONNX Runtime's CUDA graph capture (`enable_cuda_graph`) would replay a
+whole run in one launch, but the detector graph cannot be captured whole: its NonMaxSuppression allocates during the
+run (BENCHMARKS.md, "CUDA graphs (item 4), probe"). Split at the prepared detector's outputs (fixed shapes: the top
+K candidates), the body (letterbox + network + TopK) might be captured and the tail (decode + NMS) run as today.
+
+Per batch size, three ways, each in sessions of their own: the whole graph as the lanes run it; body + tail, both
+plain; body captured + tail plain. Printed per way: wall ms and this thread's CPU ms per run (medians), and whether
+the faces equal the whole graph's. One JSON line per batch size.
+
+    python3 deploy/split_detector_probe.py [--device cuda|cpu] [--batches 4,8,16] [--runs 30]
+
+Run from the project root with the prepared models (fp16 on cuda, fp32 on cpu) and .benchdata/video/group_1080p.mp4
+(or ../shared/data); on the CPU only the first two ways run (a check that the split gives the same faces).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+from pipeline.modelprep.frame_graphs import (
+    DETECTOR_OUTPUTS,
+    FACE_BOX,
+    FACE_LANDMARKS,
+    FACE_OUTPUTS,
+    FACE_SCORE,
+    FRAME_INPUT,
+    IOU_THRESHOLD,
+    MIN_OPSET,
+    SCORE_THRESHOLD,
+    FrameFormat,
+    _Builder,
+    _candidate_count,
+    _decode_nodes,
+    _frames_info,
+    _letterbox_nodes,
+    _prepared_copy,
+    _splice,
+    _standalone,
+    detector_frame_graph,
+    letterbox_plan,
+)
+from pipeline.modelprep.graph_edit import PREPARED_INPUT
+
+ROOT = Path(__file__).resolve().parents[1]
+INPUT_SIZE = (640, 352)
+FACES = 64  # inference.frames.GRAPH_FACES
+THRESHOLDS = {SCORE_THRESHOLD: np.array([0.5], np.float32), IOU_THRESHOLD: np.array([0.4], np.float32)}
+
+
+def split_graphs(detector: onnx.ModelProto, fmt: FrameFormat,
+                 on_gpu: bool) -> tuple[onnx.ModelProto, onnx.ModelProto, int]:
+    """(body: `frames` → the prepared detector's outputs, tail: those outputs + thresholds → the faces, K: the
+    candidates per frame), built from the same parts as detector_frame_graph, cut where the shapes stop depending
+    on the data."""
+    model = _prepared_copy(detector, MIN_OPSET)
+    plan = letterbox_plan(fmt, INPUT_SIZE)
+    candidates = _candidate_count(model, plan.input_size)
+    front = _Builder("lb")
+    fed = _letterbox_nodes(front, FRAME_INPUT, fmt, plan, on_gpu, on_gpu)
+    body = _splice(model, PREPARED_INPUT, front, fed, None, [_frames_info(fmt)], None)
+    detector_outputs = {o.name: o for o in body.graph.output}
+    del body.graph.output[:]
+    body.graph.output.extend(detector_outputs[name] for name in DETECTOR_OUTPUTS)
+    back = _Builder("dec")
+    faces = min(FACES, candidates)
+    _decode_nodes(back, plan, candidates, faces)
+    inputs = [detector_outputs[name] for name in DETECTOR_OUTPUTS]
+    inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1]) for n in (SCORE_THRESHOLD, IOU_THRESHOLD)]
+    outputs = [helper.make_tensor_value_info(FACE_SCORE, TensorProto.FLOAT, ["batch", faces]),
+               helper.make_tensor_value_info(FACE_BOX, TensorProto.FLOAT, ["batch", faces, 4]),
+               helper.make_tensor_value_info(FACE_LANDMARKS, TensorProto.FLOAT, ["batch", faces, 5, 2])]
+    tail = _standalone(back, inputs, outputs, max(MIN_OPSET, _opset_of(body)), "decode")
+    return body, tail, candidates
+
+
+def _opset_of(model: onnx.ModelProto) -> int:
+    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+
+
+def _session(graph: onnx.ModelProto, device: str, captured: bool = False) -> Any:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.intra_op_num_threads = 1
+    if device == "cpu":
+        return ort.InferenceSession(graph.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    provider = {"cudnn_conv_algo_search": "HEURISTIC", **({"enable_cuda_graph": "1"} if captured else {})}
+    return ort.InferenceSession(graph.SerializeToString(), options, providers=[("CUDAExecutionProvider", provider)])
+
+
+def _timed(run: Any, runs: int) -> dict[str, float]:
+    """Median wall and this thread's CPU ms of `run()`, after two untimed runs (planning, capture)."""
+    run()
+    run()
+    wall, cpu = [], []
+    for _ in range(runs):
+        w0, c0 = time.perf_counter(), time.thread_time()
+        run()
+        cpu.append((time.thread_time() - c0) * 1e3)
+        wall.append((time.perf_counter() - w0) * 1e3)
+    return {"wall_ms": round(float(np.median(wall)), 3), "cpu_ms": round(float(np.median(cpu)), 3)}
+
+
+class _Way:
+    """One way of running the detector on a batch: `run()` and the faces of its last run."""
+
+    def __init__(self) -> None:
+        self.faces: list[np.ndarray] = []
+
+    def run(self) -> None:
+        raise NotImplementedError
+
+
+class _Whole(_Way):
+    def __init__(self, graph: onnx.ModelProto, device: str, frames: Any) -> None:
+        super().__init__()
+        self.session = _session(graph, device)
+        self.binding = self.session.io_binding()
+        self.binding.bind_ortvalue_input(FRAME_INPUT, frames)
+        for name, value in THRESHOLDS.items():
+            self.binding.bind_cpu_input(name, value)
+        for name in FACE_OUTPUTS:
+            self.binding.bind_output(name, "cpu")
+
+    def run(self) -> None:
+        self.session.run_with_iobinding(self.binding)
+        self.faces = self.binding.copy_outputs_to_cpu()
+
+
+class _Split(_Way):
+    """The body's outputs stay on the device at fixed addresses (what a captured graph needs), read by the tail."""
+
+    def __init__(self, body: onnx.ModelProto, tail: onnx.ModelProto, device: str, frames: Any, batch: int,
+                 candidates: int, captured: bool) -> None:
+        super().__init__()
+        self.body = _session(body, device, captured)
+        self.tail = _session(tail, device)
+        where = "cuda" if device == "cuda" else "cpu"
+        shapes = {o.name: o.shape for o in self.body.get_outputs()}
+        types = {o.name: o.type for o in self.body.get_outputs()}
+        self.middle = {name: ort.OrtValue.ortvalue_from_shape_and_type(  # symbolic dims are the K candidates
+            [batch, *(d if isinstance(d, int) else candidates for d in shapes[name][1:])], _NUMPY[types[name]],
+            where, 0) for name in DETECTOR_OUTPUTS}
+        self.body_binding = self.body.io_binding()
+        self.body_binding.bind_ortvalue_input(FRAME_INPUT, frames)
+        for name, value in self.middle.items():
+            self.body_binding.bind_ortvalue_output(name, value)
+        self.tail_binding = self.tail.io_binding()
+        for name, value in self.middle.items():
+            self.tail_binding.bind_ortvalue_input(name, value)
+        for name, value in THRESHOLDS.items():
+            self.tail_binding.bind_cpu_input(name, value)
+        for name in FACE_OUTPUTS:
+            self.tail_binding.bind_output(name, "cpu")
+
+    def run(self) -> None:
+        self.body.run_with_iobinding(self.body_binding)
+        self.tail.run_with_iobinding(self.tail_binding)
+        self.faces = self.tail_binding.copy_outputs_to_cpu()
+
+
+_NUMPY = {"tensor(float16)": np.float16, "tensor(float)": np.float32, "tensor(int64)": np.int64,
+          "tensor(int32)": np.int32}
+
+
+def _same_faces(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    return len(a) == len(b) and all(x.shape == y.shape and np.allclose(x, y, atol=1e-3) for x, y in zip(a, b))
+
+
+def _frame(video: Path) -> np.ndarray:
+    capture = cv2.VideoCapture(str(video))
+    capture.set(cv2.CAP_PROP_POS_FRAMES, 40)
+    ok, bgr = capture.read()
+    capture.release()
+    if not ok:
+        raise SystemExit(f"cannot read a frame of {video}")
+    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+
+
+def probe(batch: int, device: str, detector: onnx.ModelProto, rgb: np.ndarray, runs: int) -> dict[str, object]:
+    fmt = FrameFormat(rgb.shape[1], rgb.shape[0], "rgb")
+    on_gpu = device == "cuda"
+    whole_graph = detector_frame_graph(detector, fmt, INPUT_SIZE, FACES, halve_in_fp16=on_gpu, conv_halving=on_gpu)
+    body, tail, candidates = split_graphs(detector, fmt, on_gpu)
+    frames = ort.OrtValue.ortvalue_from_numpy(np.repeat(rgb[None], batch, axis=0), "cuda" if on_gpu else "cpu", 0)
+    ways: dict[str, _Way] = {"whole": _Whole(whole_graph, device, frames),
+                             "split": _Split(body, tail, device, frames, batch, candidates, captured=False)}
+    result: dict[str, object] = {"batch": batch, "device": device}
+    if on_gpu:
+        try:
+            ways["split_body_captured"] = _Split(body, tail, device, frames, batch, candidates, captured=True)
+        except Exception as exc:  # noqa: BLE001 - a probe reports what ONNX Runtime refused, whatever its type
+            result["split_body_captured"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    for name, way in ways.items():
+        try:
+            result[name] = _timed(way.run, runs)
+        except Exception as exc:  # noqa: BLE001 - e.g. a capture that fails on its first run
+            result[name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    reference = ways["whole"].faces
+    result["same_faces"] = {name: _same_faces(reference, way.faces) for name, way in ways.items() if way.faces}
+    result["faces_in_first_frame"] = int((reference[0][0] > 0).sum()) if reference else 0
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--batches", default="4,8,16")
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--video", type=Path, default=None)
+    args = parser.parse_args()
+    precision = "fp16" if args.device == "cuda" else "fp32"
+    detector = onnx.load(str(ROOT / "models" / f"retinaface_mnet025.{precision}.onnx"))
+    candidates = [args.video] if args.video else [ROOT / ".benchdata" / "video" / "group_1080p.mp4",
+                                                  ROOT.parent / "shared" / "data" / "video" / "group_1080p.mp4"]
+    video = next((path for path in candidates if path and path.exists()), None)
+    if video is None:
+        raise SystemExit("group_1080p.mp4 not found: pass --video")
+    rgb = _frame(video)
+    for batch in (int(b) for b in args.batches.split(",")):
+        print(json.dumps(probe(batch, args.device, detector, rgb, args.runs)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
