@@ -123,16 +123,23 @@ class _Way:
         raise NotImplementedError
 
 
+def _faces_binding(session: Any, inputs: dict[str, Any]) -> Any:
+    """`session`'s I/O binding: `inputs` (OrtValues) and the thresholds in, the faces out to the host."""
+    binding = session.io_binding()
+    for name, value in inputs.items():
+        binding.bind_ortvalue_input(name, value)
+    for name, threshold in THRESHOLDS.items():
+        binding.bind_cpu_input(name, threshold)
+    for name in FACE_OUTPUTS:
+        binding.bind_output(name, "cpu")
+    return binding
+
+
 class _Whole(_Way):
     def __init__(self, graph: onnx.ModelProto, device: str, frames: Any) -> None:
         super().__init__()
         self.session = _session(graph, device)
-        self.binding = self.session.io_binding()
-        self.binding.bind_ortvalue_input(FRAME_INPUT, frames)
-        for name, value in THRESHOLDS.items():
-            self.binding.bind_cpu_input(name, value)
-        for name in FACE_OUTPUTS:
-            self.binding.bind_output(name, "cpu")
+        self.binding = _faces_binding(self.session, {FRAME_INPUT: frames})
 
     def run(self) -> None:
         self.session.run_with_iobinding(self.binding)
@@ -157,13 +164,7 @@ class _Split(_Way):
         self.body_binding.bind_ortvalue_input(FRAME_INPUT, frames)
         for name, value in self.middle.items():
             self.body_binding.bind_ortvalue_output(name, value)
-        self.tail_binding = self.tail.io_binding()
-        for name, value in self.middle.items():
-            self.tail_binding.bind_ortvalue_input(name, value)
-        for name, value in THRESHOLDS.items():
-            self.tail_binding.bind_cpu_input(name, value)
-        for name in FACE_OUTPUTS:
-            self.tail_binding.bind_output(name, "cpu")
+        self.tail_binding = _faces_binding(self.tail, self.middle)
 
     def run(self) -> None:
         self.body.run_with_iobinding(self.body_binding)
