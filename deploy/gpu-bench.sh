@@ -3,7 +3,7 @@
 # onnxruntime-gpu there). Usage there, from the project root, with the prepared models/ and a copy of the test
 # videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | session-probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
 #  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | groups |
-#  groups-sweep | groups-ab | step-ab | split-probe | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu |
+#  groups-sweep | groups-ab | step-ab | fif-ab | split-probe | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu |
 #  cuda-handles | stack | small)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
@@ -278,6 +278,20 @@ case "${1:-check}" in
       for step in $order; do
         CAMS=$cams PROCS=$(( (cams + ${PER:-32} - 1) / ${PER:-32} )) INTERVAL=${INTERVAL:-3} TAG="_step${step}_r$round" \
           EXTRA="--set emotion.model=${MODEL:-dlibface_student64} --batch-step $step ${EXTRA:-}" bash "$0" groups
+      done
+      order=$(echo "$order" | awk '{for (i = NF; i > 0; i--) printf "%s%s", $i, (i > 1 ? " " : "")}')
+    done
+    ;;
+  fif-ab)  # issue 25 (6 GB at 64 cameras with the defaults): frames in flight 2 (the default for groups) against 1 as
+    # the daemon sizes its groups (max_batch = cameras x frames in flight), CAMS (64) cameras in groups of <= PER (32),
+    # interval 3, the student, DURATION (45) s so that a pool's idle buffers (freed after 30 s) are gone by the end;
+    # for each round of ROUNDS (1 2) both, the second round in the other order (_fif$F_r$ROUND)
+    cams=${CAMS:-64}; order="2 1"
+    for round in ${ROUNDS:-1 2}; do
+      for fif in $order; do
+        CAMS=$cams PROCS=$(( (cams + ${PER:-32} - 1) / ${PER:-32} )) INTERVAL=3 DURATION=${DURATION:-45} \
+          TAG="_fif${fif}_r$round" EXTRA="--set emotion.model=dlibface_student64 --frames-in-flight $fif ${EXTRA:-}" \
+          bash "$0" groups
       done
       order=$(echo "$order" | awk '{for (i = NF; i > 0; i--) printf "%s%s", $i, (i > 1 ? " " : "")}')
     done
