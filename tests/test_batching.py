@@ -348,9 +348,9 @@ def test_cuda_batches_pad_to_a_few_fixed_sizes(step: int, expected: list[int], s
     (2, 64, 1, [1, 2, 4, 8, 16, 32, 64])])
 def test_the_smallest_runs_are_padded_up_instead_of_prepared(step: int, cap: int, smallest: int,
                                                              expected: list[int]) -> None:
-    """Every prepared size is a CUDA session (GPU and host memory for cuDNN's plans), so runs of a few frames or faces
-    are padded up to `smallest` rather than given sessions of their own; a run still fits its size, and no size
-    passes the cap."""
+    """Every prepared size is a CUDA session (GPU memory, and host memory for cuDNN's algorithm choices), so runs of
+    a few frames or faces are padded up to `smallest` rather than given sessions of their own; a run still fits its
+    size, and no size passes the cap."""
     from pipeline.inference.gpu.cuda_lane import padded_size, padded_sizes
 
     assert padded_sizes(step, cap, smallest) == expected
