@@ -22,8 +22,10 @@ case "${1:-check}" in
     python3 deploy/ort_cuda_probe.py models/retinaface_mnet025.fp16.onnx | tee "$OUT/probe.jsonl"
     ;;
   split-probe)  # issue 25 (cores): the frame detector graph split at the network's outputs, its body captured as a CUDA
-    # graph (deploy/split_detector_probe.py): wall and CPU ms per run against the whole graph, per batch of BATCHES
-    python3 deploy/split_detector_probe.py --device cuda --batches "${BATCHES:-4,8,16}" | tee "$OUT/split_probe${TAG:-}.jsonl"
+    # graph (deploy/split_detector_probe.py): wall and CPU ms per run against the whole graph, per batch of BATCHES;
+    # then the crop + emotion graph plain and captured, per face count of FACES
+    python3 deploy/split_detector_probe.py --device cuda --batches "${BATCHES:-4,8,16}" --faces "${FACES:-16,64,256}" \
+      | tee "$OUT/split_probe${TAG:-}.jsonl"
     ;;
   session-probe)  # issue 25 item 3: what each further CUDA session costs with the shared arena, per option
     python3 deploy/ort_cuda_probe.py models/retinaface_mnet025.fp16.onnx --sessions ${SESSION_VARIANTS:-} \

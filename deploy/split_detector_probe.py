@@ -8,9 +8,11 @@ K candidates), the body (letterbox + network + TopK) might be captured and the t
 
 Per batch size, three ways, each in sessions of their own: the whole graph as the lanes run it; body + tail, both
 plain; body captured + tail plain. Printed per way: wall ms and this thread's CPU ms per run (medians), and whether
-the faces equal the whole graph's. One JSON line per batch size.
+the faces equal the whole graph's. One JSON line per batch size. Then, on cuda, the crop + emotion graph (which can
+be captured whole: BENCHMARKS.md, "CUDA graphs (item 4), probe", which timed its wall only) plain and captured, per
+face count of --faces, with new crop matrices written in place before every run as a lane would.
 
-    python3 deploy/split_detector_probe.py [--device cuda|cpu] [--batches 4,8,16] [--runs 30]
+    python3 deploy/split_detector_probe.py [--device cuda|cpu] [--batches 4,8,16] [--faces 16,64,256] [--runs 30]
 
 Run from the project root with the prepared models (fp16 on cuda, fp32 on cpu) and .benchdata/video/group_1080p.mp4
 (or ../shared/data); on the CPU only the first two ways run (a check that the split gives the same faces).
@@ -32,6 +34,9 @@ from onnx import TensorProto, helper
 
 from pipeline.modelprep.frame_graphs import (
     DETECTOR_OUTPUTS,
+    FRAME_INDEX_INPUT,
+    MATRIX_INPUT,
+    crop_classify_graph,
     FACE_BOX,
     FACE_LANDMARKS,
     FACE_OUTPUTS,
@@ -53,6 +58,7 @@ from pipeline.modelprep.frame_graphs import (
     letterbox_plan,
 )
 from pipeline.modelprep.graph_edit import PREPARED_INPUT
+from pipeline.modelprep.manifest import load_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 INPUT_SIZE = (640, 352)
@@ -215,10 +221,51 @@ def probe(batch: int, device: str, detector: onnx.ModelProto, rgb: np.ndarray, r
     return result
 
 
+def classifier_probe(faces: int, rgb: np.ndarray, runs: int, frames_in_buffer: int = 16) -> dict[str, object]:
+    """The student emotion model's crop + classify graph over a buffer of `frames_in_buffer` frames, `faces` crops,
+    plain and captured: wall and CPU ms per run, and whether both give the same probabilities."""
+    manifest = load_manifest("dlibface_student64")
+    if manifest.input.size is None:
+        raise SystemExit("dlibface_student64's manifest has no input size")
+    model = onnx.load(str(ROOT / "models" / "dlibface_student64.fp16.onnx"))
+    fmt = FrameFormat(rgb.shape[1], rgb.shape[0], "rgb")
+    graph = crop_classify_graph(model, fmt, manifest.input.size, manifest.input.color)
+    frames = ort.OrtValue.ortvalue_from_numpy(np.repeat(rgb[None], frames_in_buffer, axis=0), "cuda", 0)
+    rng = np.random.default_rng(0)
+    matrices = np.tile(np.array([[1.5, 0, 800], [0, 1.5, 300]], np.float32), (faces, 1, 1))
+    matrices[:, :, 2] += rng.uniform(-200, 200, (faces, 2)).astype(np.float32)
+    index = (np.arange(faces) % frames_in_buffer).astype(np.int64)
+    result: dict[str, object] = {"faces": faces}
+    probs: dict[str, np.ndarray] = {}
+    for label, captured in (("classify", False), ("classify_captured", True)):
+        try:
+            session = _session(graph, "cuda", captured)
+            inputs = {MATRIX_INPUT: ort.OrtValue.ortvalue_from_numpy(matrices, "cuda", 0),
+                      FRAME_INDEX_INPUT: ort.OrtValue.ortvalue_from_numpy(index, "cuda", 0)}
+            output = ort.OrtValue.ortvalue_from_shape_and_type([faces, 7], np.float32, "cuda", 0)
+            binding = session.io_binding()
+            binding.bind_ortvalue_input(FRAME_INPUT, frames)
+            for name, value in inputs.items():
+                binding.bind_ortvalue_input(name, value)
+            binding.bind_ortvalue_output(session.get_outputs()[0].name, output)
+
+            def run() -> None:
+                inputs[MATRIX_INPUT].update_inplace(matrices)  # a lane's new matrices, at the same address
+                session.run_with_iobinding(binding)
+                probs[label] = output.numpy()
+            result[label] = _timed(run, runs)
+        except Exception as exc:  # noqa: BLE001 - a probe reports what ONNX Runtime refused, whatever its type
+            result[label] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    if len(probs) == 2:
+        result["same_probs"] = bool(np.allclose(probs["classify"], probs["classify_captured"], atol=1e-3))
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--batches", default="4,8,16")
+    parser.add_argument("--faces", default="16,64,256")
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--video", type=Path, default=None)
     args = parser.parse_args()
@@ -232,6 +279,9 @@ def main() -> None:
     rgb = _frame(video)
     for batch in (int(b) for b in args.batches.split(",")):
         print(json.dumps(probe(batch, args.device, detector, rgb, args.runs)), flush=True)
+    if args.device == "cuda":
+        for faces in (int(f) for f in args.faces.split(",")):
+            print(json.dumps(classifier_probe(faces, rgb, args.runs)), flush=True)
 
 
 if __name__ == "__main__":
