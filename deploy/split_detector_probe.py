@@ -34,15 +34,14 @@ from onnx import TensorProto, helper
 
 from pipeline.modelprep.frame_graphs import (
     DETECTOR_OUTPUTS,
-    FRAME_INDEX_INPUT,
-    MATRIX_INPUT,
-    crop_classify_graph,
     FACE_BOX,
     FACE_LANDMARKS,
     FACE_OUTPUTS,
     FACE_SCORE,
+    FRAME_INDEX_INPUT,
     FRAME_INPUT,
     IOU_THRESHOLD,
+    MATRIX_INPUT,
     MIN_OPSET,
     SCORE_THRESHOLD,
     FrameFormat,
@@ -54,6 +53,7 @@ from pipeline.modelprep.frame_graphs import (
     _prepared_copy,
     _splice,
     _standalone,
+    crop_classify_graph,
     detector_frame_graph,
     letterbox_plan,
 )
