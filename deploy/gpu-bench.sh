@@ -12,6 +12,17 @@ export PYTHONPATH="$HOME/site:$PWD" PYTHONUNBUFFERED=1 EMOTION_TEST_DATA="$PWD/.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" .benchdata/video
 cp -n .benchdata/*.mp4 .benchdata/video/ 2>/dev/null
 video=.benchdata/video/woman2.mp4
+alternated() {  # alternated LABEL FLAG "A B": the groups step at CAMS (64) cameras in groups of <= PER (32), INTERVAL
+  # (3), MODEL (the student), with FLAG A then B in each round of ROUNDS (1 2), every other round in the other order
+  local label=$1 flag=$2 order=$3 cams=${CAMS:-64} round value
+  for round in ${ROUNDS:-1 2}; do
+    for value in $order; do
+      CAMS=$cams PROCS=$(( (cams + ${PER:-32} - 1) / ${PER:-32} )) INTERVAL=${INTERVAL:-3} TAG="_${label}${value}_r$round" \
+        EXTRA="--set emotion.model=${MODEL:-dlibface_student64} $flag $value ${EXTRA:-}" bash "$0" groups
+    done
+    order=$(echo "$order" | awk '{for (i = NF; i > 0; i--) printf "%s%s", $i, (i > 1 ? " " : "")}')
+  done
+}
 case "${1:-check}" in
   check)
     nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv | tee "$OUT/gpu.txt"
@@ -273,30 +284,13 @@ case "${1:-check}" in
     done
     ;;
   step-ab)  # issue 25 (2026-12-03): inference.batch_step 2 against 4 as the daemon sizes its groups, CAMS (64) cameras in
-    # groups of <= PER (32), INTERVAL (3), MODEL (the student), EXTRA for both: for each round of ROUNDS (1 2) both
-    # steps, the second round in the other order, each run's JSON kept apart (_step$S_r$ROUND)
-    cams=${CAMS:-64}; order="2 4"
-    for round in ${ROUNDS:-1 2}; do
-      for step in $order; do
-        CAMS=$cams PROCS=$(( (cams + ${PER:-32} - 1) / ${PER:-32} )) INTERVAL=${INTERVAL:-3} TAG="_step${step}_r$round" \
-          EXTRA="--set emotion.model=${MODEL:-dlibface_student64} --batch-step $step ${EXTRA:-}" bash "$0" groups
-      done
-      order=$(echo "$order" | awk '{for (i = NF; i > 0; i--) printf "%s%s", $i, (i > 1 ? " " : "")}')
-    done
+    # groups of <= PER (32), INTERVAL (3), MODEL (the student), EXTRA for both (_step$S_r$ROUND)
+    alternated step --batch-step "2 4"
     ;;
   fif-ab)  # issue 25 (6 GB at 64 cameras with the defaults): frames in flight 2 (the default for groups) against 1 as
-    # the daemon sizes its groups (max_batch = cameras x frames in flight), CAMS (64) cameras in groups of <= PER (32),
-    # interval 3, the student, DURATION (45) s so that a pool's idle buffers (freed after 30 s) are gone by the end;
-    # for each round of ROUNDS (1 2) both, the second round in the other order (_fif$F_r$ROUND)
-    cams=${CAMS:-64}; order="2 1"
-    for round in ${ROUNDS:-1 2}; do
-      for fif in $order; do
-        CAMS=$cams PROCS=$(( (cams + ${PER:-32} - 1) / ${PER:-32} )) INTERVAL=3 DURATION=${DURATION:-45} \
-          TAG="_fif${fif}_r$round" EXTRA="--set emotion.model=dlibface_student64 --frames-in-flight $fif ${EXTRA:-}" \
-          bash "$0" groups
-      done
-      order=$(echo "$order" | awk '{for (i = NF; i > 0; i--) printf "%s%s", $i, (i > 1 ? " " : "")}')
-    done
+    # the daemon sizes its groups (max_batch = cameras x frames in flight), as step-ab, DURATION (45) s so that a pool's
+    # idle buffers (freed after 30 s) are gone by the end (_fif$F_r$ROUND)
+    DURATION=${DURATION:-45} alternated fif --frames-in-flight "2 1"
     ;;
   interval-sweep)  # issue 25: the most cameras at detector.interval INTERVAL (3) with MODEL (the default), groups of
     # PER (32) cameras under MPS, each count of CAMS_LIST

@@ -110,16 +110,12 @@ def rss_mb_of(pids: list[int]) -> tuple[float, float]:
 
 
 def host_memory_mb(pids: list[int]) -> dict[str, float]:
-    """This process's and `pids`' host memory summed three ways: resident (RSS, every mapped page counted in every
-    process), proportional (PSS: a page shared by k processes counts 1/k, so the sum is what they take together)
-    and anonymous (RssAnon: the processes' own heaps, not the libraries' file pages)."""
-    read = [process_memory_mb("self"), *(process_memory_mb(pid) for pid in pids)]
-    return _summed([memory for memory in read if memory is not None])
-
-
-def _summed(each: list[dict[str, float]]) -> dict[str, float]:
-    return {key: round(sum(memory[key] for memory in each), 1)
-            for key in ("rss_mb", "pss_mb", "anon_mb", "shmem_mb")}
+    """This process's and `pids`' host memory summed: resident (RSS, every mapped page counted in every process),
+    proportional (PSS: a page shared by k processes counts 1/k, so the sum is what they take together), anonymous
+    (RssAnon: the processes' own heaps, not the libraries' file pages) and shared (RssShmem)."""
+    sums = host_memory_by_process(pids)
+    del sums["processes"]
+    return sums
 
 
 def process_memory_mb(pid: int | str) -> dict[str, float] | None:
@@ -144,7 +140,9 @@ def host_memory_by_process(pids: list[int]) -> dict[str, Any]:
     read = {"daemon": process_memory_mb("self")}
     read.update((f"group {index + 1}", process_memory_mb(pid)) for index, pid in enumerate(pids))
     processes = {name: memory for name, memory in read.items() if memory is not None}
-    return {**_summed(list(processes.values())), "processes": processes}
+    sums = {key: round(sum(memory[key] for memory in processes.values()), 1)
+            for key in ("rss_mb", "pss_mb", "anon_mb", "shmem_mb")}
+    return {**sums, "processes": processes}
 
 
 def _batch_stats(models: list[ModelView]) -> dict[str, Any]:

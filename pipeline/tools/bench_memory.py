@@ -176,7 +176,7 @@ def print_memory_table(result: dict[str, Any]) -> None:
         gpu_delta = "" if row["gpu_delta_mb"] is None else f"{row['gpu_delta_mb']:+.0f}"
         rss_delta = "" if row["rss_delta_mb"] is None else f"{row['rss_delta_mb']:+.0f}"
         print(f"{row['step']:18} {gpu:>8} {gpu_delta:>8} {row['rss_mb']:>8.0f} {rss_delta:>8} {row['anon_mb']:>8.0f} "
-              f"{row.get('shmem_mb', 0.0):>8.0f}  {row['note']}")
+              f"{row['shmem_mb']:>8.0f}  {row['note']}")
     if result["project_buffers"]:
         print("the project's own CUDA buffers (MB, count): " + ", ".join(
             f"{key} {value}" for key, value in result["project_buffers"].items()))
