@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The GPU measurements of BENCHMARKS.md, run on the lent H200 (see ../shared/tools/gpu-machine.md for getting
-# onnxruntime-gpu there). Usage there, from the project root, with the prepared models/ and a copy of the test
-# videos in .benchdata/ carried along:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | session-probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
+# The GPU measurements of BENCHMARKS.md, run on the lent H200 (deploy/gpu-stage.sh packs the wheels, the prepared
+# models and the test clips for it, ../shared/tools/gpu-machine.md says how calls carry them). Usage there, from the
+# project root, once the stage is assembled:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | session-probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
 #  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | groups |
 #  groups-sweep | groups-ab | step-ab | fif-ab | split-probe | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu |
 #  cuda-handles | stack | small)

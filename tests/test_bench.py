@@ -86,7 +86,7 @@ def test_bench_pipeline_with_camera_group_processes(prepared_models: None, tmp_p
 
 def test_bench_memory_steps_add_up_on_the_cpu(tmp_path: Path) -> None:
     """bench memory on the CPU (no context, no frame graphs): each step's host readings, their differences adding up
-    to the last reading, and resident memory split into anonymous and shared."""
+    to the last reading, and resident memory split into anonymous and shared, and by what is mapped."""
     video = data_path("video", "woman2.mp4")
     out = tmp_path / "memory.json"
     done = run_cli("bench", "memory", "--video", str(video), "--cameras", "2", "--fps", "10", "--duration", "2",
@@ -100,6 +100,10 @@ def test_bench_memory_steps_add_up_on_the_cpu(tmp_path: Path) -> None:
     assert abs(steps[0]["rss_mb"] + grown - steps[-1]["rss_mb"]) < 1.0
     assert all(s["rss_mb"] >= s["anon_mb"] + s["shmem_mb"] - 0.2 for s in steps)  # each rounded to 0.1
     assert steps[2]["rss_delta_mb"] > 20  # ONNX Runtime and the models
+    # resident memory by what is mapped (smaps) adds up to the RSS, and ONNX Runtime's library shows under libraries
+    assert all(abs(sum(s["by_mapping_mb"].values()) - s["rss_mb"]) < 5.0 for s in steps), steps
+    assert steps[2]["by_mapping_mb"]["libraries"] > steps[1]["by_mapping_mb"]["libraries"] + 10
+    assert "resident MB by mapping" in done.stdout
 
 
 @pytest.mark.parametrize("mode_args", [["capture", "--seconds", "1"]])

@@ -13,8 +13,9 @@ One process does, in order, what a camera group does when it starts, and after e
 The deltas are the breakdown: context, model sessions with their arena, decoder surfaces with the frame pools, and
 what analysis adds on top (the arena grown to the largest batches). Host memory is shown as resident (RSS),
 anonymous (the process's own heap: RSS less the pages of the libraries' files, which processes share) and shared
-memory (RssShmem: where host memory a driver maps for the device shows up; a camera's 17 MB of non-anonymous RSS on
-NVDEC in round 14 was not yet split). The project's own CUDA buffers (frame pools, lane batch buffers, pinned
+memory (RssShmem), and resident memory by what is mapped (`resident_by_mapping`: anonymous heap, the NVIDIA driver's
+device files, shared memory, library and other files), which splits what round 14 could not: a camera's 17 MB of
+non-anonymous RSS on NVDEC. The project's own CUDA buffers (frame pools, lane batch buffers, pinned
 staging) are counted by pipeline.inference.gpu.cuda's ledger and reported apart.
 Options are bench pipeline's (cameras, video, fps, batch sizes, interval, ...), so one change can be measured per run.
 """
@@ -39,6 +40,37 @@ from pipeline.tools.bench_groups import host_memory_mb
 from pipeline.tools.bench_pipeline import bench_config, decoder_kind, parse_intervals, video_format
 
 SAMPLE_S = 0.5
+MAPPING_KINDS = ("anonymous", "nvidia driver", "shared memory", "libraries", "other files")
+
+
+def mapping_kind(name: str) -> str:
+    """Which of MAPPING_KINDS a mapping of /proc/PID/smaps is, by its path: pages mapped from /dev/nvidia* are memory
+    the driver maps for the device (pinned host buffers, the context's host side), not the process's heap."""
+    if name.startswith("/dev/nvidia"):
+        return "nvidia driver"
+    if name.startswith(("/dev/shm", "/memfd:", "/SYSV", "/dev/zero")):
+        return "shared memory"
+    if not name or name.startswith("["):
+        return "anonymous"
+    return "libraries" if ".so" in name.rsplit("/", 1)[-1] else "other files"
+
+
+def resident_by_mapping(pid: int | str = "self") -> dict[str, float]:
+    """A process's resident memory (MB) by MAPPING_KINDS, summed over /proc/PID/smaps; empty where it cannot be read."""
+    sums = dict.fromkeys(MAPPING_KINDS, 0.0)
+    try:
+        with open(f"/proc/{pid}/smaps") as handle:
+            kind = "anonymous"
+            for line in handle:
+                head, _, rest = line.partition(" ")
+                if head == "Rss:":
+                    sums[kind] += float(rest.split()[0]) / 1024
+                elif "-" in head and not head.endswith(":"):  # a mapping's header: range perms offset dev inode path
+                    fields = line.split(None, 5)
+                    kind = mapping_kind(fields[5].strip() if len(fields) > 5 else "")
+    except OSError:
+        return {}
+    return {key: round(value, 1) for key, value in sums.items()}
 
 
 def device_used_mb() -> float | None:
@@ -64,7 +96,7 @@ class Steps:
         last = self.rows[-1] if self.rows else None
         self.rows.append({
             "step": step, "gpu_mb": gpu, "rss_mb": rss, "anon_mb": host["anon_mb"], "shmem_mb": host["shmem_mb"],
-            "note": note,
+            "note": note, "by_mapping_mb": resident_by_mapping(),
             "gpu_delta_mb": None if gpu is None or last is None or last["gpu_mb"] is None else gpu - last["gpu_mb"],
             "rss_delta_mb": None if last is None else round(rss - last["rss_mb"], 1)})
 
@@ -177,6 +209,7 @@ def print_memory_table(result: dict[str, Any]) -> None:
         rss_delta = "" if row["rss_delta_mb"] is None else f"{row['rss_delta_mb']:+.0f}"
         print(f"{row['step']:18} {gpu:>8} {gpu_delta:>8} {row['rss_mb']:>8.0f} {rss_delta:>8} {row['anon_mb']:>8.0f} "
               f"{row['shmem_mb']:>8.0f}  {row['note']}")
+    _print_mapping_table(result["steps"])
     if result["project_buffers"]:
         print("the project's own CUDA buffers (MB, count): " + ", ".join(
             f"{key} {value}" for key, value in result["project_buffers"].items()))
@@ -185,3 +218,16 @@ def print_memory_table(result: dict[str, Any]) -> None:
         print(f"NVDEC frame pools: {pools['buffers']} buffers, {pools['mib']} MiB ({pools['buffers_per_camera']} a "
               f"camera); at most {pools['peak_buffers']} ({pools['peak_mib']} MiB, "
               f"{pools['peak_buffers_per_camera']} a camera)")
+
+
+def _print_mapping_table(rows: list[dict[str, Any]]) -> None:
+    """Resident MB by what is mapped after each step (resident_by_mapping), with the change from the step before."""
+    if not rows or not rows[0].get("by_mapping_mb"):
+        return
+    print("resident MB by mapping (change from the step before): " + ", ".join(MAPPING_KINDS))
+    last: dict[str, float] = {}
+    for row in rows:
+        now = row["by_mapping_mb"]
+        cells = [f"{now.get(kind, 0.0):.0f} ({now.get(kind, 0.0) - last.get(kind, 0.0):+.0f})" for kind in MAPPING_KINDS]
+        print(f"  {row['step']:18} " + "  ".join(f"{cell:>14}" for cell in cells))
+        last = now
