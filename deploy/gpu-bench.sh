@@ -215,7 +215,7 @@ case "${1:-check}" in
         *) echo "unknown variant $variant"; continue ;;
       esac
       echo "== memory $variant: $opts"
-      python3 run_pipeline.py bench memory $common $opts ${EXTRA:-} --json "$OUT/memory_${variant}${TAG:-}.json" | tail -9
+      python3 run_pipeline.py bench memory $common $opts ${EXTRA:-} --json "$OUT/memory_${variant}${TAG:-}.json" | tail -20
     done
     ;;
   stack)  # issue 25: the CUDA context's reservation of thread stacks (inference.gpu_stack_bytes): 8 cameras in one
