@@ -93,7 +93,10 @@ def test_cuda_lanes_match_cpu(prepared_models: None, name: str, precision: str) 
 
 def test_cuda_lane_serves_two_input_sizes(prepared_models: None) -> None:
     """Cameras of different aspect ratios (detector.input_size: auto) share one lane: each input size keeps its own
-    sessions and buffers, so switching back and forth neither re-plans a session nor mixes up buffers."""
+    sessions and buffers, so switching back and forth neither re-plans a session nor mixes up buffers; a run of one
+    frame is padded up to the smallest prepared size."""
+    from pipeline.inference.gpu.cuda_lane import SMALLEST_DETECT_RUN
+
     manifest = load_manifest("retinaface_mnet025")
     path = ensure_model(manifest, "fp32")
     cpu = create_backend(ModelRuntime("onnxruntime", "cpu", "fp32", max_batch=8), manifest, path)
@@ -113,10 +116,20 @@ def test_cuda_lane_serves_two_input_sizes(prepared_models: None) -> None:
                     assert np.abs(np.subtract(a.box, b.box)).max() <= BOX_TOLERANCE_PX["fp32"]
                 faces += len(ours)
         sessions_after.append(len(gpu._cuda_lanes[0]._sessions))  # a test may look inside: one per (bucket, size)
+    # one frame runs padded up to SMALLEST_DETECT_RUN (no session of its own), over rows that still hold the last
+    # batch's frames, and gives that frame's faces alone
+    one = np.stack([letterbox(frames[0], (640, 352))[0]])
+    got, want = gpu.run({"image": one}), cpu.run({"image": one})
+    assert all(len(value) == 1 for value in got.values())
+    ours = decode({k: v[0] for k, v in got.items()}, (640, 352), Letterbox(1.0, (640, 352)), 0.8, 0.4)
+    theirs = decode({k: v[0] for k, v in want.items()}, (640, 352), Letterbox(1.0, (640, 352)), 0.8, 0.4)
+    assert len(ours) == len(theirs) >= 1
+    buckets = sorted(bucket for bucket, _ in gpu._cuda_lanes[0]._sessions)
     gpu.close()
     cpu.close()
     assert faces >= len(frames) * 2  # woman2 shows her face: the comparison is not vacuous
     assert sessions_after == [2, 2]  # the second round reused both sizes' sessions
+    assert buckets == [SMALLEST_DETECT_RUN, 8, 8], buckets
 
 
 def test_gpu_wait_sets_the_primary_context_flags() -> None:

@@ -92,7 +92,7 @@ class OnnxRuntimeBackend(Backend):
     def _create_cuda(cls, ort: Any, spec: ModelRuntime, model: ModelManifest, model_path: Path) -> OnnxRuntimeBackend:
         """`spec.lanes` CUDA lanes, each with its stream and a session per padded batch size (see cuda_lane)."""
         from pipeline.inference.gpu.cuda import load_runtime
-        from pipeline.inference.gpu.cuda_lane import CudaLane
+        from pipeline.inference.gpu.cuda_lane import SMALLEST_RUN, CudaLane
 
         load_runtime()  # a missing cuda-python is a BackendError naming it, before any session is made
         # Names come from a CPU session: the CUDA sessions are made per lane and batch size (see cuda_lane).
@@ -114,7 +114,7 @@ class OnnxRuntimeBackend(Backend):
         try:
             for index in range(spec.lanes):
                 lanes.append(CudaLane(cuda_session, input_name, outputs, spec.max_batch, spec.batch_step,
-                                      what=f"{model.name} lane {index}"))
+                                      what=f"{model.name} lane {index}", smallest=SMALLEST_RUN[model.role]))
         except BaseException:
             for lane in lanes:
                 lane.close()

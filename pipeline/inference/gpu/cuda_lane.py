@@ -27,6 +27,13 @@ log = logging.getLogger(__name__)
 
 _Item = tuple[tuple[int, ...], np.dtype[Any]]  # one batch item's shape and dtype
 
+# The smallest padded runs by model role: fewer frames or faces run padded up to these instead of keeping sessions of
+# their own. Each CUDA session keeps ~75 MB of host and ~19 MB of GPU memory (cuDNN's algorithm choice, BENCHMARKS
+# round 14), while the detector takes 2.0 ms for 4 frames against 1.75 for one: the small sizes are not worth one.
+SMALLEST_DETECT_RUN = 4
+SMALLEST_CLASSIFY_RUN = 16
+SMALLEST_RUN = {"detector": SMALLEST_DETECT_RUN, "emotion": SMALLEST_CLASSIFY_RUN}
+
 
 class CudaLane:
     """One stream, with pinned/device buffers for `max_batch` items and one session per padded batch size.
@@ -41,14 +48,16 @@ class CudaLane:
     """
 
     def __init__(self, session_factory: Callable[[int], Any], input_name: str, output_names: list[str],
-                 max_batch: int, step: int = 4, what: str = "CUDA lane") -> None:
-        """`session_factory(stream_handle)` makes one ONNX Runtime CUDA session that runs on that stream."""
+                 max_batch: int, step: int = 4, what: str = "CUDA lane", smallest: int = 1) -> None:
+        """`session_factory(stream_handle)` makes one ONNX Runtime CUDA session that runs on that stream; runs of
+        fewer than `smallest` items are padded up to it (SMALLEST_RUN)."""
         self.what = what
         self._session_factory = session_factory
         self._input = input_name
         self._outputs = output_names
         self._max_batch = max_batch
         self._step = step
+        self._smallest = smallest
         self._lock = threading.Lock()
         # Per item shape (cameras of different aspect ratios give the detector different input sizes, see
         # detector.input_size: auto): (bucket, item shape) -> (session, io binding), and the shape's staging buffers.
@@ -91,11 +100,11 @@ class CudaLane:
         return buffers
 
     def bucket(self, batch: int) -> int:
-        return padded_size(batch, self._step, self._max_batch)
+        return padded_size(batch, self._step, self._max_batch, self._smallest)
 
     def warm(self, item_shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
         """Run every bucket once, so no first-time shape is met while cameras are running."""
-        sizes = sorted({self.bucket(b) for b in range(1, self._max_batch + 1)})
+        sizes = padded_sizes(self._step, self._max_batch, self._smallest)
         staging = self.staging(self._max_batch, item_shape, dtype)
         staging[...] = 0
         for size in sizes:

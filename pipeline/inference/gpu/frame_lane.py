@@ -34,7 +34,7 @@ from pipeline.core.types import FrameImage
 from pipeline.inference.backend import BackendError
 from pipeline.inference.gpu.cuda import DeviceBuffer, Stream
 from pipeline.inference.frame_faces import no_face_rows
-from pipeline.inference.gpu.cuda_lane import padded_size, padded_sizes
+from pipeline.inference.gpu.cuda_lane import SMALLEST_CLASSIFY_RUN, SMALLEST_DETECT_RUN, padded_size, padded_sizes
 from pipeline.modelprep.frame_graphs import (
     FACE_OUTPUTS,
     FRAME_INDEX_INPUT,
@@ -46,10 +46,6 @@ from pipeline.modelprep.frame_graphs import (
 )
 
 log = logging.getLogger(__name__)
-
-# The smallest padded runs: fewer frames or faces than these run padded up to them (see the module's docstring).
-SMALLEST_DETECT_RUN = 4
-SMALLEST_CLASSIFY_RUN = 16
 
 
 class GraphSource(Protocol):
