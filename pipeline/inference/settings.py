@@ -224,9 +224,8 @@ class InferenceConfig(StrictModel):
     batch_step: int = Field(2, ge=2, le=64, description="device cuda: a batch is padded up to the next power of "
                                                         "this (capped at max_batch), and each padded size has "
                                                         "its own session per lane (ONNX Runtime re-plans for "
-                                                        "1-3 s on every new shape; on the frame graphs path runs "
-                                                        "of fewer than 4 frames or 16 faces are padded up to "
-                                                        "those). 2 wastes the least compute "
+                                                        "1-3 s on every new shape; runs of fewer than 4 "
+                                                        "frames or 16 faces are padded up to those). 2 wastes the least compute "
                                                         "on padding (1.12x more frames than 4 at 64 cameras on "
                                                         "an H200); larger takes less GPU memory and start time.")
     frame_path: Literal["auto", "opencv", "graph"] = Field(
