@@ -83,13 +83,25 @@ def split_graphs(detector: onnx.ModelProto, fmt: FrameFormat,
     back = _Builder("dec")
     faces = min(FACES, candidates)
     _decode_nodes(back, plan, candidates, faces)
-    inputs = [detector_outputs[name] for name in DETECTOR_OUTPUTS]
+    inputs = [_without_dim_names(detector_outputs[name]) for name in DETECTOR_OUTPUTS]
     inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1]) for n in (SCORE_THRESHOLD, IOU_THRESHOLD)]
     outputs = [helper.make_tensor_value_info(FACE_SCORE, TensorProto.FLOAT, ["batch", faces]),
                helper.make_tensor_value_info(FACE_BOX, TensorProto.FLOAT, ["batch", faces, 4]),
                helper.make_tensor_value_info(FACE_LANDMARKS, TensorProto.FLOAT, ["batch", faces, 5, 2])]
     tail = _standalone(back, inputs, outputs, max(MIN_OPSET, _opset_of(body)), "decode")
     return body, tail, candidates
+
+
+def _without_dim_names(info: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
+    """A copy of `info` whose named dimensions are left unknown. Why: the prepared detector's outputs share names for
+    dimensions that differ (boxes' 4 and landmarks' 10), and ONNX Runtime's CUDA planner, trusting them as a graph
+    input's shape, reused one output's buffer for the other ("Shape mismatch attempting to re-use buffer")."""
+    copy = onnx.ValueInfoProto()
+    copy.CopyFrom(info)
+    for dim in copy.type.tensor_type.shape.dim:
+        if dim.HasField("dim_param"):
+            dim.ClearField("dim_param")
+    return copy
 
 
 def _opset_of(model: onnx.ModelProto) -> int:
@@ -270,6 +282,10 @@ def main() -> None:
     parser.add_argument("--video", type=Path, default=None)
     args = parser.parse_args()
     precision = "fp16" if args.device == "cuda" else "fp32"
+    if args.device == "cuda":  # wait for the GPU as the daemon does (inference.gpu_wait: block), or CPU ms is spin
+        from pipeline.inference.gpu.cuda import set_gpu_wait
+
+        set_gpu_wait("block")
     detector = onnx.load(str(ROOT / "models" / f"retinaface_mnet025.{precision}.onnx"))
     candidates = [args.video] if args.video else [ROOT / ".benchdata" / "video" / "group_1080p.mp4",
                                                   ROOT.parent / "shared" / "data" / "video" / "group_1080p.mp4"]
