@@ -124,6 +124,8 @@ def test_cuda_lane_serves_two_input_sizes(prepared_models: None) -> None:
     ours = decode({k: v[0] for k, v in got.items()}, (640, 352), Letterbox(1.0, (640, 352)), 0.8, 0.4)
     theirs = decode({k: v[0] for k, v in want.items()}, (640, 352), Letterbox(1.0, (640, 352)), 0.8, 0.4)
     assert len(ours) == len(theirs) >= 1
+    for a, b in zip(sorted(ours, key=lambda f: f.box), sorted(theirs, key=lambda f: f.box)):
+        assert np.abs(np.subtract(a.box, b.box)).max() <= BOX_TOLERANCE_PX["fp32"]
     buckets = sorted(bucket for bucket, _ in gpu._cuda_lanes[0]._sessions)
     gpu.close()
     cpu.close()

@@ -225,8 +225,9 @@ class InferenceConfig(StrictModel):
                                                         "this (capped at max_batch), and each padded size has "
                                                         "its own session per lane (ONNX Runtime re-plans for "
                                                         "1-3 s on every new shape; runs of fewer than 4 "
-                                                        "frames or 16 faces are padded up to those). 2 wastes the least compute "
-                                                        "on padding (1.12x more frames than 4 at 64 cameras on "
+                                                        "frames or 16 faces are padded up to those). 2 wastes "
+                                                        "the least compute on padding (1.12x more frames than 4 "
+                                                        "at 64 cameras on "
                                                         "an H200); larger takes less GPU memory and start time.")
     frame_path: Literal["auto", "opencv", "graph"] = Field(
         "auto", description="Where a frame's letterbox, the detector's candidate decoding and NMS, and the face "

@@ -228,6 +228,7 @@ def _print_mapping_table(rows: list[dict[str, Any]]) -> None:
     last: dict[str, float] = {}
     for row in rows:
         now = row["by_mapping_mb"]
-        cells = [f"{now.get(kind, 0.0):.0f} ({now.get(kind, 0.0) - last.get(kind, 0.0):+.0f})" for kind in MAPPING_KINDS]
+        cells = [f"{now.get(kind, 0.0):.0f} ({now.get(kind, 0.0) - last.get(kind, 0.0):+.0f})"
+                 for kind in MAPPING_KINDS]
         print(f"  {row['step']:18} " + "  ".join(f"{cell:>14}" for cell in cells))
         last = now
