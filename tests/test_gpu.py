@@ -118,14 +118,12 @@ def test_cuda_lane_serves_two_input_sizes(prepared_models: None) -> None:
         sessions_after.append(len(gpu._cuda_lanes[0]._sessions))  # a test may look inside: one per (bucket, size)
     # one frame runs padded up to SMALLEST_DETECT_RUN (no session of its own), over rows that still hold the last
     # batch's frames, and gives that frame's faces alone
-    one = np.stack([letterbox(frames[0], (640, 352))[0]])
+    one = np.stack([letterbox(frames[0], DETECTOR_INPUT)[0]])
     got, want = gpu.run({"image": one}), cpu.run({"image": one})
     assert all(len(value) == 1 for value in got.values())
-    ours = decode({k: v[0] for k, v in got.items()}, (640, 352), Letterbox(1.0, (640, 352)), 0.8, 0.4)
-    theirs = decode({k: v[0] for k, v in want.items()}, (640, 352), Letterbox(1.0, (640, 352)), 0.8, 0.4)
-    assert len(ours) == len(theirs) >= 1
-    for a, b in zip(sorted(ours, key=lambda f: f.box), sorted(theirs, key=lambda f: f.box)):
-        assert np.abs(np.subtract(a.box, b.box)).max() <= BOX_TOLERANCE_PX["fp32"]
+    first = {k: v[0] for k, v in want.items()}
+    _assert_same_faces({k: v[0] for k, v in got.items()}, first, "fp32")
+    assert _faces(first)  # the frame shows her face: the comparison is not vacuous
     buckets = sorted(bucket for bucket, _ in gpu._cuda_lanes[0]._sessions)
     gpu.close()
     cpu.close()
