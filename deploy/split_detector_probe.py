@@ -7,10 +7,12 @@ run (BENCHMARKS.md, "CUDA graphs (item 4), probe"). Split at the prepared detect
 K candidates), the body (letterbox + network + TopK) might be captured and the tail (decode + NMS) run as today.
 
 Per batch size, three ways, each in sessions of their own: the whole graph as the lanes run it; body + tail, both
-plain; body captured + tail plain. Printed per way: wall ms and this thread's CPU ms per run (medians), and whether
-the faces equal the whole graph's. One JSON line per batch size. Then, on cuda, the crop + emotion graph (which can
-be captured whole: BENCHMARKS.md, "CUDA graphs (item 4), probe", which timed its wall only) plain and captured, per
-face count of --faces, with new crop matrices written in place before every run as a lane would.
+plain; body captured + tail plain; on cuda each also with sessions made as the lanes make theirs (`_lane`:
+shared arena, the lane's own stream, memory pattern off). Printed per way: wall ms and this thread's CPU ms per run
+(medians), and whether the faces equal the whole graph's. One JSON line per batch size. Then, on cuda, the crop +
+emotion graph (which can be captured whole: BENCHMARKS.md, "CUDA graphs (item 4), probe", which timed its wall
+only) plain and captured, both ways, per face count of --faces, with new crop matrices written in place before every
+run as a lane would.
 
     python3 deploy/split_detector_probe.py [--device cuda|cpu] [--batches 4,8,16] [--faces 16,64,256] [--runs 30]
 
@@ -108,7 +110,28 @@ def _opset_of(model: onnx.ModelProto) -> int:
     return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
 
 
-def _session(graph: onnx.ModelProto, device: str, captured: bool = False) -> Any:
+_LANE_STREAMS: list[Any] = []  # the one stream the lane-like sessions run on (made on first use)
+
+
+def _lane_session(graph: onnx.ModelProto, captured: bool) -> Any:
+    """A session made as the frame lanes make theirs (pipeline/inference/frames.py): the shared CUDA arena, a
+    non-blocking stream of its own as user_compute_stream, memory pattern off; captured or not. Why: whether ONNX
+    Runtime's capture works, and what it saves, with the lanes' own options and not only with the defaults."""
+    from pipeline.inference.gpu.cuda import Stream
+    from pipeline.inference.onnxruntime import cuda_provider_options, make_session, share_cuda_arena
+
+    if not _LANE_STREAMS:
+        _LANE_STREAMS.append(Stream("probe lane"))
+    options = cuda_provider_options(_LANE_STREAMS[0].handle, True)
+    if captured:
+        options["enable_cuda_graph"] = "1"
+    return make_session(ort, graph.SerializeToString(), "probe session", 1, [("CUDAExecutionProvider", options)],
+                        share_cuda_arena(ort), False)
+
+
+def _session(graph: onnx.ModelProto, device: str, captured: bool = False, lane: bool = False) -> Any:
+    if lane:
+        return _lane_session(graph, captured)
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.intra_op_num_threads = 1
@@ -154,9 +177,9 @@ def _faces_binding(session: Any, inputs: dict[str, Any]) -> Any:
 
 
 class _Whole(_Way):
-    def __init__(self, graph: onnx.ModelProto, device: str, frames: Any) -> None:
+    def __init__(self, graph: onnx.ModelProto, device: str, frames: Any, lane: bool = False) -> None:
         super().__init__()
-        self.session = _session(graph, device)
+        self.session = _session(graph, device, lane=lane)
         self.binding = _faces_binding(self.session, {FRAME_INPUT: frames})
 
     def run(self) -> None:
@@ -168,10 +191,10 @@ class _Split(_Way):
     """The body's outputs stay on the device at fixed addresses (what a captured graph needs), read by the tail."""
 
     def __init__(self, body: onnx.ModelProto, tail: onnx.ModelProto, device: str, frames: Any, batch: int,
-                 candidates: int, captured: bool) -> None:
+                 candidates: int, captured: bool, lane: bool = False) -> None:
         super().__init__()
-        self.body = _session(body, device, captured)
-        self.tail = _session(tail, device)
+        self.body = _session(body, device, captured, lane)
+        self.tail = _session(tail, device, lane=lane)
         where = "cuda" if device == "cuda" else "cpu"
         shapes = {o.name: o.shape for o in self.body.get_outputs()}
         types = {o.name: o.type for o in self.body.get_outputs()}
@@ -218,10 +241,12 @@ def probe(batch: int, device: str, detector: onnx.ModelProto, rgb: np.ndarray, r
                              "split": _Split(body, tail, device, frames, batch, candidates, captured=False)}
     result: dict[str, object] = {"batch": batch, "device": device}
     if on_gpu:
-        try:
-            ways["split_body_captured"] = _Split(body, tail, device, frames, batch, candidates, captured=True)
-        except Exception as exc:  # noqa: BLE001 - a probe reports what ONNX Runtime refused, whatever its type
-            result["split_body_captured"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        ways["whole_lane"] = _Whole(whole_graph, device, frames, lane=True)
+        for name, lane in (("split_body_captured", False), ("split_lane", True), ("split_body_captured_lane", True)):
+            try:
+                ways[name] = _Split(body, tail, device, frames, batch, candidates, name != "split_lane", lane)
+            except Exception as exc:  # noqa: BLE001 - a probe reports what ONNX Runtime refused, whatever its type
+                result[name] = f"{type(exc).__name__}: {str(exc)[:300]}"
     for name, way in ways.items():
         try:
             result[name] = _timed(way.run, runs)
@@ -249,9 +274,11 @@ def classifier_probe(faces: int, rgb: np.ndarray, runs: int, frames_in_buffer: i
     index = (np.arange(faces) % frames_in_buffer).astype(np.int64)
     result: dict[str, object] = {"faces": faces}
     probs: dict[str, np.ndarray] = {}
-    for label, captured in (("classify", False), ("classify_captured", True)):
+    ways = (("classify", False, False), ("classify_captured", True, False), ("classify_lane", False, True),
+            ("classify_captured_lane", True, True))
+    for label, captured, lane in ways:
         try:
-            session = _session(graph, "cuda", captured)
+            session = _session(graph, "cuda", captured, lane)
             inputs = {MATRIX_INPUT: ort.OrtValue.ortvalue_from_numpy(matrices, "cuda", 0),
                       FRAME_INDEX_INPUT: ort.OrtValue.ortvalue_from_numpy(index, "cuda", 0)}
             output = ort.OrtValue.ortvalue_from_shape_and_type([faces, 7], np.float32, "cuda", 0)
@@ -268,8 +295,9 @@ def classifier_probe(faces: int, rgb: np.ndarray, runs: int, frames_in_buffer: i
             result[label] = _timed(run, runs)
         except Exception as exc:  # noqa: BLE001 - a probe reports what ONNX Runtime refused, whatever its type
             result[label] = f"{type(exc).__name__}: {str(exc)[:300]}"
-    if len(probs) == 2:
-        result["same_probs"] = bool(np.allclose(probs["classify"], probs["classify_captured"], atol=1e-3))
+    if "classify" in probs:
+        result["same_probs"] = {label: bool(np.allclose(probs["classify"], value, atol=1e-3))
+                                for label, value in probs.items() if label != "classify"}
     return result
 
 
