@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -141,8 +143,21 @@ def _session(graph: onnx.ModelProto, device: str, captured: bool = False, lane: 
     return ort.InferenceSession(graph.SerializeToString(), options, providers=[("CUDAExecutionProvider", provider)])
 
 
+def _gpu_mib() -> float:
+    """This process's GPU memory by nvidia-smi (0 where it cannot say): read after each way, so the steps between
+    ways show what a way's sessions (a captured graph keeps its own buffers) added."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, check=False, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0.0
+    rows = [line.split(",") for line in out.splitlines() if "," in line]
+    return sum(float(used) for pid, used in rows if pid.strip() == str(os.getpid()))
+
+
 def _timed(run: Any, runs: int) -> dict[str, float]:
-    """Median wall and this thread's CPU ms of `run()`, after two untimed runs (planning, capture)."""
+    """Median wall and this thread's CPU ms of `run()`, after two untimed runs (planning, capture), and the process's
+    GPU memory after them."""
     run()
     run()
     wall, cpu = [], []
@@ -151,7 +166,8 @@ def _timed(run: Any, runs: int) -> dict[str, float]:
         run()
         cpu.append((time.thread_time() - c0) * 1e3)
         wall.append((time.perf_counter() - w0) * 1e3)
-    return {"wall_ms": round(float(np.median(wall)), 3), "cpu_ms": round(float(np.median(cpu)), 3)}
+    return {"wall_ms": round(float(np.median(wall)), 3), "cpu_ms": round(float(np.median(cpu)), 3),
+            "gpu_mib_after": _gpu_mib()}
 
 
 class _Way:
