@@ -270,8 +270,24 @@ def probe(batch: int, device: str, detector: onnx.ModelProto, rgb: np.ndarray, r
             result[name] = f"{type(exc).__name__}: {str(exc)[:300]}"
     reference = ways["whole"].faces
     result["same_faces"] = {name: _same_faces(reference, way.faces) for name, way in ways.items() if way.faces}
+    result["same_faces_interleaved"] = _interleaved(ways, reference)
     result["faces_in_first_frame"] = int((reference[0][0] > 0).sum()) if reference else 0
     return result
+
+
+def _interleaved(ways: dict[str, _Way], reference: list[np.ndarray], rounds: int = 3) -> dict[str, bool]:
+    """Each way run in turn with the others, `rounds` times: whether every run still gives the reference faces. Why:
+    a captured graph replays into the addresses it was captured with; if the shared arena handed those to another
+    session in between, the faces would change only when the sessions interleave, as a lane's do."""
+    same = {name: True for name, way in ways.items() if way.faces}
+    for _ in range(rounds):
+        for name in same:
+            try:
+                ways[name].run()
+                same[name] = same[name] and _same_faces(reference, ways[name].faces)
+            except Exception:  # noqa: BLE001 - a probe reports a failing way as not the same
+                same[name] = False
+    return same
 
 
 def classifier_probe(faces: int, rgb: np.ndarray, runs: int, frames_in_buffer: int = 16) -> dict[str, object]:
