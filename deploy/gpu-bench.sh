@@ -3,7 +3,7 @@
 # models and the test clips for it, ../shared/tools/gpu-machine.md says how calls carry them). Usage there, from the
 # project root, once the stage is assembled:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | session-probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
 #  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | groups |
-#  groups-sweep | groups-ab | step-ab | fif-ab | split-probe | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu |
+#  groups-sweep | groups-ab | step-ab | fif-ab | graphs-ab | split-probe | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu |
 #  cuda-handles | stack | small)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
@@ -13,12 +13,14 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" .benchdata/video
 cp -n .benchdata/*.mp4 .benchdata/video/ 2>/dev/null
 video=.benchdata/video/woman2.mp4
 alternated() {  # alternated LABEL FLAG "A B": the groups step at CAMS (64) cameras in groups of <= PER (32), INTERVAL
-  # (3), MODEL (the student), with FLAG A then B in each round of ROUNDS (1 2), every other round in the other order
-  local label=$1 flag=$2 order=$3 cams=${CAMS:-64} round value
+  # (3), MODEL (the student), with FLAG A then B in each round of ROUNDS (1 2), every other round in the other order;
+  # a FLAG ending in = takes its value without a space (--set inference.key=)
+  local label=$1 flag=$2 order=$3 cams=${CAMS:-64} round value gap=" "
+  [ "${flag: -1}" = "=" ] && gap=""
   for round in ${ROUNDS:-1 2}; do
     for value in $order; do
       CAMS=$cams PROCS=$(( (cams + ${PER:-32} - 1) / ${PER:-32} )) INTERVAL=${INTERVAL:-3} TAG="_${label}${value}_r$round" \
-        EXTRA="--set emotion.model=${MODEL:-dlibface_student64} $flag $value ${EXTRA:-}" bash "$0" groups
+        EXTRA="--set emotion.model=${MODEL:-dlibface_student64} $flag$gap$value ${EXTRA:-}" bash "$0" groups
     done
     order=$(echo "$order" | awk '{for (i = NF; i > 0; i--) printf "%s%s", $i, (i > 1 ? " " : "")}')
   done
@@ -286,6 +288,10 @@ case "${1:-check}" in
   step-ab)  # issue 25 (2026-12-03): inference.batch_step 2 against 4 as the daemon sizes its groups, CAMS (64) cameras in
     # groups of <= PER (32), INTERVAL (3), MODEL (the student), EXTRA for both (_step$S_r$ROUND)
     alternated step --batch-step "2 4"
+    ;;
+  graphs-ab)  # issue 25 (cores at 150 cameras): inference.cuda_graphs off against on (the frame graphs' runs replayed
+    # as CUDA graphs), CAMS (150) cameras in groups of <= PER (30), as step-ab otherwise (_graphs$V_r$ROUND)
+    CAMS=${CAMS:-150} PER=${PER:-30} alternated graphs "--set inference.cuda_graphs=" "false true"
     ;;
   fif-ab)  # issue 25 (6 GB at 64 cameras with the defaults): frames in flight 2 (the default for groups) against 1 as
     # the daemon sizes its groups (max_batch = cameras x frames in flight), as step-ab, DURATION (45) s so that a pool's

@@ -34,34 +34,19 @@ import cv2
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper
-
 from pipeline.modelprep.frame_graphs import (
     DETECTOR_OUTPUTS,
-    FACE_BOX,
-    FACE_LANDMARKS,
     FACE_OUTPUTS,
-    FACE_SCORE,
     FRAME_INDEX_INPUT,
     FRAME_INPUT,
     IOU_THRESHOLD,
     MATRIX_INPUT,
-    MIN_OPSET,
     SCORE_THRESHOLD,
     FrameFormat,
-    _Builder,
-    _candidate_count,
-    _decode_nodes,
-    _frames_info,
-    _letterbox_nodes,
-    _prepared_copy,
-    _splice,
-    _standalone,
     crop_classify_graph,
     detector_frame_graph,
-    letterbox_plan,
+    detector_graph_parts,
 )
-from pipeline.modelprep.graph_edit import PREPARED_INPUT
 from pipeline.modelprep.manifest import load_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,40 +57,9 @@ THRESHOLDS = {SCORE_THRESHOLD: np.array([0.5], np.float32), IOU_THRESHOLD: np.ar
 
 def split_graphs(detector: onnx.ModelProto, fmt: FrameFormat,
                  on_gpu: bool) -> tuple[onnx.ModelProto, onnx.ModelProto, int]:
-    """(body: `frames` → the prepared detector's outputs, tail: those outputs + thresholds → the faces, K: the
-    candidates per frame), built from the same parts as detector_frame_graph, cut where the shapes stop depending
-    on the data."""
-    model = _prepared_copy(detector, MIN_OPSET)
-    plan = letterbox_plan(fmt, INPUT_SIZE)
-    candidates = _candidate_count(model, plan.input_size)
-    front = _Builder("lb")
-    fed = _letterbox_nodes(front, FRAME_INPUT, fmt, plan, on_gpu, on_gpu)
-    body = _splice(model, PREPARED_INPUT, front, fed, None, [_frames_info(fmt)], None)
-    detector_outputs = {o.name: o for o in body.graph.output}
-    del body.graph.output[:]
-    body.graph.output.extend(detector_outputs[name] for name in DETECTOR_OUTPUTS)
-    back = _Builder("dec")
-    faces = min(FACES, candidates)
-    _decode_nodes(back, plan, candidates, faces)
-    inputs = [_without_dim_names(detector_outputs[name]) for name in DETECTOR_OUTPUTS]
-    inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1]) for n in (SCORE_THRESHOLD, IOU_THRESHOLD)]
-    outputs = [helper.make_tensor_value_info(FACE_SCORE, TensorProto.FLOAT, ["batch", faces]),
-               helper.make_tensor_value_info(FACE_BOX, TensorProto.FLOAT, ["batch", faces, 4]),
-               helper.make_tensor_value_info(FACE_LANDMARKS, TensorProto.FLOAT, ["batch", faces, 5, 2])]
-    tail = _standalone(back, inputs, outputs, max(MIN_OPSET, _opset_of(body)), "decode")
-    return body, tail, candidates
-
-
-def _without_dim_names(info: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
-    """A copy of `info` whose named dimensions are left unknown. Why: the prepared detector's outputs share names for
-    dimensions that differ (boxes' 4 and landmarks' 10), and ONNX Runtime's CUDA planner, trusting them as a graph
-    input's shape, reused one output's buffer for the other ("Shape mismatch attempting to re-use buffer")."""
-    copy = onnx.ValueInfoProto()
-    copy.CopyFrom(info)
-    for dim in copy.type.tensor_type.shape.dim:
-        if dim.HasField("dim_param"):
-            dim.ClearField("dim_param")
-    return copy
+    """(body, tail, K): frame_graphs.detector_graph_parts as the lanes would build them on this device."""
+    parts = detector_graph_parts(detector, fmt, INPUT_SIZE, FACES, halve_in_fp16=on_gpu, conv_halving=on_gpu)
+    return parts.body, parts.tail, parts.candidates
 
 
 def _opset_of(model: onnx.ModelProto) -> int:

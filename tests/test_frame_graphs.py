@@ -30,6 +30,7 @@ from pipeline.core.types import Detection
 from pipeline.inference.frame_faces import kept_faces
 from pipeline.modelprep.frame_graphs import (
     CROP_OUTPUT,
+    DETECTOR_OUTPUTS,
     FACE_BOX,
     FACE_LANDMARKS,
     FACE_SCORE,
@@ -43,6 +44,7 @@ from pipeline.modelprep.frame_graphs import (
     crop_classify_graph,
     crop_graph,
     detector_frame_graph,
+    detector_graph_parts,
     letterbox_graph,
 )
 from pipeline.modelprep.graph_edit import GraphEditError
@@ -194,6 +196,26 @@ def test_detector_graph_finds_the_faces_the_host_finds(models: dict[str, Path], 
     assert graph[0].shape == (20, 16) and graph[1].shape == (20, 16, 4) and graph[2].shape == (20, 16, 5, 2)
     found = _assert_same_faces(graph, _host_faces(path, frames, size, *thresholds), frames.shape[2:0:-1])
     assert found >= (80 if video.startswith("group") else 20)
+
+
+def test_the_detector_graph_in_two_parts_finds_the_same_faces(models: dict[str, Path],
+                                                              thresholds: tuple[float, float]) -> None:
+    """The body (letterbox + detector, what a GPU captures as a CUDA graph) and the tail (decode + NMS) run one after
+    the other give the whole graph's faces exactly, on crowd frames; the body's outputs are the prepared detector's
+    top-K candidates, K as the parts say."""
+    frames = _frames("group_1080p.mp4", 6, 11)
+    fmt = FrameFormat(frames.shape[2], frames.shape[1], "bgr")
+    detector = onnx.load(str(models[f"{DETECTOR}.fp32"]))
+    parts = detector_graph_parts(detector, fmt, (640, 352), 16)
+    middle = _session(parts.body).run(list(DETECTOR_OUTPUTS), {FRAME_INPUT: frames})
+    assert all(value.shape[:2] == (len(frames), parts.candidates) for value in middle)
+    feeds = {**dict(zip(DETECTOR_OUTPUTS, middle)), SCORE_THRESHOLD: np.array([thresholds[0]], np.float32),
+             IOU_THRESHOLD: np.array([thresholds[1]], np.float32)}
+    split = _session(parts.tail).run([FACE_SCORE, FACE_BOX, FACE_LANDMARKS], feeds)
+    whole = _graph_faces(models[f"{DETECTOR}.fp32"], frames, (640, 352), *thresholds)
+    assert (whole[0] > -1).sum() >= 20  # crowd frames: the comparison covers many faces
+    for ours, reference in zip(split, whole):
+        assert np.array_equal(ours, reference)
 
 
 @pytest.mark.parametrize(("min_face_px", "max_faces"), [(0, 16), (40, 16), (0, 3), (60, 2)])

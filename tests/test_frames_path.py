@@ -297,6 +297,10 @@ def test_frame_path_resolution_and_validation() -> None:
     assert not InferenceConfig(device="cuda", frame_path="opencv").graph_frames
     with pytest.raises(ConfigError, match=r"inference\.frame_path"):
         parse_config("inference: {backend: tensorrt, device: cuda, frame_path: graph}\n")
+    assert InferenceConfig(device="cuda", cuda_graphs=True).cuda_graphs
+    for where in ("device: cpu", "device: cuda, frame_path: opencv"):  # capture is the CUDA frame lanes' alone
+        with pytest.raises(ConfigError, match=r"inference\.cuda_graphs.*device cuda"):
+            parse_config(f"inference: {{{where}, cuda_graphs: true}}\n")
 
 
 # ---------------------------------------------------------------- on the GPU (the lent H200)
@@ -389,6 +393,31 @@ def test_on_cuda_a_run_of_one_frame_is_padded_without_its_padding_leaking(
     candidate = [(r.detections(), r.emotions(), r.timings) for r in alone]
     same_count, same_top, worst_px, compared = _agreement([perception.analyze(frames[5])], candidate)
     assert compared >= 2 and same_count == 1.0 and same_top >= 0.8 and worst_px <= 2.0  # 0.8: one near-tie of ~6 faces
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_cuda_captured_runs_give_the_plain_runs_results(prepared_models: None, app_config: Any) -> None:
+    """inference.cuda_graphs: each size's runs replayed as CUDA graphs (the detector's body captured, its tail plain)
+    give what the same runs give node by node. Batches of several sizes in turn, so a replay follows runs of other
+    sizes that share the lane's frame buffer and the CUDA arena (a graph replays into the addresses it was
+    captured with)."""
+    frames = _frames(data_path("video", "group_1080p.mp4"), 12, 13)
+    plain = _prepared_gpu(app_config, frames[0])
+    captured = _prepared_gpu(app_config, frames[0], cuda_graphs=True)
+    try:
+        state = next(iter(captured.engine._lanes[0]._formats.values()))  # a test may look inside: what was captured
+        assert state.captured_detect and state.captured_classify and not state.detect and not state.classify
+        batches = [frames[:5], frames[5:6], frames[6:12], frames[:5], frames[11:12]]
+        results = [(plain.engine.run_items(batch), captured.engine.run_items(batch)) for batch in batches]
+    finally:
+        plain.close()
+        captured.close()
+    reference = [(r.detections(), r.emotions(), r.timings) for pair in results for r in pair[0]]
+    candidate = [(r.detections(), r.emotions(), r.timings) for pair in results for r in pair[1]]
+    same_count, same_top, worst_px, compared = _agreement(reference, candidate)
+    assert compared >= 40 and same_count == 1.0 and same_top == 1.0 and worst_px <= 0.05
+    assert _largest_probability_gap(reference, candidate) <= 0.01
 
 
 @pytest.mark.gpu

@@ -62,6 +62,7 @@ from pipeline.modelprep.frame_graphs import (
     FrameFormat,
     crop_classify_graph,
     detector_frame_graph,
+    detector_graph_parts,
 )
 from pipeline.modelprep.manifest import ModelManifest
 from pipeline.vision.align import align_matrix, box_crop_matrices, inverse_affine
@@ -131,6 +132,7 @@ class FrameGraphs:
         # AveragePool and runs that Conv slower than Transpose + AveragePool, so the CPU keeps the plain version.
         self._on_gpu = on_gpu
         self._built: dict[tuple[str, FrameFormat], bytes] = {}
+        self._parts: dict[FrameFormat, tuple[bytes, bytes, int]] = {}
         self._lock = threading.Lock()
 
     def detector(self, fmt: FrameFormat) -> bytes:
@@ -141,6 +143,22 @@ class FrameGraphs:
     def classifier(self, fmt: FrameFormat) -> bytes:
         return self._get("classifier", fmt, lambda: crop_classify_graph(
             self._classifier_model, fmt, self._crop_size, self._colour))
+
+    def detector_parts(self, fmt: FrameFormat) -> tuple[bytes, bytes, int]:
+        """The detector graph in two parts (body, tail) and K, its candidates per frame, for CUDA graph capture
+        (gpu/captured.py)."""
+        with self._lock:
+            found = self._parts.get(fmt)
+            if found is None:
+                started = time.monotonic()
+                parts = detector_graph_parts(self._detector_model, fmt,
+                                             self._detector_cfg.input_for((fmt.width, fmt.height)), self._max_faces,
+                                             halve_in_fp16=self._on_gpu, conv_halving=self._on_gpu)
+                found = (parts.body.SerializeToString(), parts.tail.SerializeToString(), parts.candidates)
+                self._parts[fmt] = found
+                log.info("frame graphs: detector body and tail for %dx%d %s built in %.1f s", fmt.width, fmt.height,
+                         fmt.order, time.monotonic() - started)
+            return found
 
     def _get(self, role: str, fmt: FrameFormat, build: Callable[[], onnx.ModelProto]) -> bytes:
         with self._lock:  # lanes meeting a new format at once build it once
@@ -486,8 +504,10 @@ def _cuda_lanes(ort: Any, graphs: FrameGraphs, inference: InferenceConfig, detec
         raise BackendError(f"inference.device cuda needs CUDAExecutionProvider, which this onnxruntime "
                            f"({ort.__version__}) lacks; pip install -r requirements-gpu.txt")
 
-    def cuda_session(graph: bytes, stream: int) -> Any:
+    def cuda_session(graph: bytes, stream: int, captured: bool) -> Any:
         options = cuda_provider_options(stream, inference.cudnn_max_workspace)
+        if captured:
+            options["enable_cuda_graph"] = "1"
         return make_session(ort, graph, "frame graph", threads, [("CUDAExecutionProvider", options)], shared_arena,
                             inference.memory_pattern)
 
@@ -497,7 +517,7 @@ def _cuda_lanes(ort: Any, graphs: FrameGraphs, inference: InferenceConfig, detec
             lanes.append(CudaFrameLane(graphs, cuda_session, inference.max_batch, inference.batch_step,
                                        face_cap=inference.faces_per_run,
                                        what=f"frame graphs lane {index}",
-                                       frame_cap=inference.max_frames_per_run))
+                                       frame_cap=inference.max_frames_per_run, captured=inference.cuda_graphs))
     except BaseException:
         for lane in lanes:
             lane.close()

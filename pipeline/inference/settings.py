@@ -292,6 +292,12 @@ class InferenceConfig(StrictModel):
                                  "shared arena). Off by default: on an H200 it cost 250 MiB at 8 cameras, 240 at "
                                  "64 (2 groups) and 820 at 150 (5 groups) for the same frames analysed "
                                  "(BENCHMARKS.md); true: ONNX Runtime's own default, runs a little faster alone.")
+    cuda_graphs: bool = Field(False, description="device cuda, frame graphs path: replay each prepared run size "
+                              "of the frame graphs as a CUDA graph (ONNX Runtime's enable_cuda_graph): one launch "
+                              "instead of one per node, which is most of a lane's CPU. The detector is captured "
+                              "without its NonMaxSuppression (run as before), and every captured size keeps its "
+                              "own input and output buffers on the GPU (BENCHMARKS.md, round 16, says what it "
+                              "saves and costs). Off by default.")
     gpu_wait: Literal["block", "spin", "auto"] = Field("block", description="device cuda or tensorrt: how a "
                                                       "thread waits for the GPU inside ONNX Runtime, TensorRT and "
                                                       "NVDEC (results copied back, a decoded frame mapped). block: "
@@ -377,6 +383,15 @@ class InferenceConfig(StrictModel):
             raise ConfigValueError("frame_path graph is not supported with backend triton (the frame graphs run "
                                    "in-process): set frame_path opencv or auto", key="frame_path",
                                    value=self.frame_path)
+        return self
+
+    @model_validator(mode="after")
+    def _cuda_graphs_need_the_gpu_frame_path(self) -> InferenceConfig:
+        """Capture is a property of the CUDA frame lanes: anywhere else the key would silently do nothing."""
+        if self.cuda_graphs and (self.device != "cuda" or not self.graph_frames):
+            raise ConfigValueError("cuda_graphs replays the frame graphs on a GPU: it needs backend onnxruntime, "
+                                   "device cuda and frame_path graph or auto", key="cuda_graphs",
+                                   value=self.cuda_graphs)
         return self
 
     @model_validator(mode="after")

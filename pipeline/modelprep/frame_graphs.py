@@ -293,9 +293,10 @@ def _nms_scores(b: _Builder, score: str, boxes: str, candidates: int) -> str:
     return b.op("ScatterND", blank, pairs, b.op("GatherND", score, pairs))
 
 
-def _decode_nodes(b: _Builder, plan: LetterboxPlan, candidates: int, faces: int) -> None:
+def _decode_nodes(b: _Builder, plan: LetterboxPlan, candidates: int, faces: int) -> int:
     """Detector top-K outputs → `face_score` [N, F] (best first), `face_box` [N, F, 4] and `face_landmarks`
-    [N, F, 5, 2] in frame pixels (boxes not clipped: the host clips, as vision.retinaface._to_frame does)."""
+    [N, F, 5, 2] in frame pixels (boxes not clipped: the host clips, as vision.retinaface._to_frame does); returns
+    F."""
     score, boxes, points = _decode_candidates(b, plan.input_size)
     masked = _nms_scores(b, score, boxes, candidates)
     _, order = b.ops("TopK", masked, b.const([faces], np.int64), outs=[FACE_SCORE, b.tensor("order")], axis=1,
@@ -304,6 +305,7 @@ def _decode_nodes(b: _Builder, plan: LetterboxPlan, candidates: int, faces: int)
     scale = b.const(plan.scale)
     b.op("Div", b.op("GatherND", boxes, index, batch_dims=1), scale, out=FACE_BOX)
     b.op("Div", b.op("GatherND", points, index, batch_dims=1), scale, out=FACE_LANDMARKS)
+    return faces
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -394,24 +396,81 @@ def detector_frame_graph(detector: onnx.ModelProto, frame: FrameFormat, input_si
     Outputs (F = min(max_faces, K)): `face_score` [B, F] (kept faces best first, -1 in rows without a face),
     `face_box` [B, F, 4] (x1, y1, x2, y2, frame pixels, not clipped), `face_landmarks` [B, F, 5, 2] (frame pixels).
     The host keeps only what filter_faces decides (size, count), on a few floats per face."""
+    model = _prepared_detector(detector)
+    plan = letterbox_plan(frame, input_size)
+    candidates = _candidate_count(model, plan.input_size)
+    front, back = _Builder("lb"), _Builder("dec")
+    fed = _letterbox_nodes(front, FRAME_INPUT, frame, plan, halve_in_fp16, conv_halving)
+    faces = _decode_nodes(back, plan, candidates, min(max_faces, candidates))
+    inputs = [_frames_info(frame), *_threshold_infos()]
+    return _splice(model, PREPARED_INPUT, front, fed, back, inputs, _face_infos(faces))
+
+
+@dataclass(frozen=True)
+class DetectorParts:
+    """detector_graph_parts' result: the two graphs and K, the candidates per frame that the body's outputs carry
+    (each DETECTOR_OUTPUTS tensor is [B, K, ...])."""
+
+    body: onnx.ModelProto
+    tail: onnx.ModelProto
+    candidates: int
+
+
+def detector_graph_parts(detector: onnx.ModelProto, frame: FrameFormat, input_size: tuple[int, int],
+                         max_faces: int = 64, halve_in_fp16: bool = False,
+                         conv_halving: bool = False) -> DetectorParts:
+    """detector_frame_graph in two parts, cut where the shapes stop depending on the data: the body (`frames` →
+    letterbox → the prepared detector's top-K outputs, DETECTOR_OUTPUTS, all of fixed shape for a batch size) and
+    the tail (those outputs + the thresholds → decode + NMS → the same three face outputs). Why: a GPU can capture
+    the body as one CUDA graph and replay it with one launch (inference.cuda_graphs), but not NonMaxSuppression,
+    whose output size depends on the data. Run one after the other, they give detector_frame_graph's faces."""
+    body = _prepared_detector(detector)
+    plan = letterbox_plan(frame, input_size)
+    candidates = _candidate_count(body, plan.input_size)
+    front, back = _Builder("lb"), _Builder("dec")
+    fed = _letterbox_nodes(front, FRAME_INPUT, frame, plan, halve_in_fp16, conv_halving)
+    body = _splice(body, PREPARED_INPUT, front, fed, None, [_frames_info(frame)], None)
+    middle = {output.name: output for output in body.graph.output}
+    del body.graph.output[:]
+    body.graph.output.extend(middle[name] for name in DETECTOR_OUTPUTS)
+    faces = _decode_nodes(back, plan, candidates, min(max_faces, candidates))
+    inputs = [*(_unnamed_dims(middle[name]) for name in DETECTOR_OUTPUTS), *_threshold_infos()]
+    tail = _standalone(back, inputs, _face_infos(faces), _opset(body), "detector_tail")
+    return DetectorParts(body, tail, candidates)
+
+
+def _prepared_detector(detector: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of a prepared RetinaFace to splice into; GraphEditError when it lacks the top-K outputs."""
     model = _prepared_copy(detector, MIN_OPSET)
     dims = _input_spec(model, PREPARED_INPUT)
     missing = [name for name in DETECTOR_OUTPUTS if name not in {o.name for o in model.graph.output}]
     if missing or dims[3] != 3:
         raise GraphEditError(f"not a prepared detector: outputs {', '.join(missing) or 'present'}, input {dims} "
                              f"(needs {', '.join(DETECTOR_OUTPUTS)} and a 3-channel input)")
-    plan = letterbox_plan(frame, input_size)
-    candidates = _candidate_count(model, plan.input_size)
-    faces = min(max_faces, candidates)
-    front, back = _Builder("lb"), _Builder("dec")
-    fed = _letterbox_nodes(front, FRAME_INPUT, frame, plan, halve_in_fp16, conv_halving)
-    _decode_nodes(back, plan, candidates, faces)
-    inputs = [_frames_info(frame), *(helper.make_tensor_value_info(n, TensorProto.FLOAT, [1])
-                                     for n in (SCORE_THRESHOLD, IOU_THRESHOLD))]
-    outputs = [helper.make_tensor_value_info(FACE_SCORE, TensorProto.FLOAT, ["batch", faces]),
-               helper.make_tensor_value_info(FACE_BOX, TensorProto.FLOAT, ["batch", faces, 4]),
-               helper.make_tensor_value_info(FACE_LANDMARKS, TensorProto.FLOAT, ["batch", faces, 5, 2])]
-    return _splice(model, PREPARED_INPUT, front, fed, back, inputs, outputs)
+    return model
+
+
+def _threshold_infos() -> list[onnx.ValueInfoProto]:
+    return [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1]) for name in (SCORE_THRESHOLD, IOU_THRESHOLD)]
+
+
+def _face_infos(faces: int) -> list[onnx.ValueInfoProto]:
+    """The three face outputs of a detector graph, F = `faces` per frame."""
+    return [helper.make_tensor_value_info(FACE_SCORE, TensorProto.FLOAT, ["batch", faces]),
+            helper.make_tensor_value_info(FACE_BOX, TensorProto.FLOAT, ["batch", faces, 4]),
+            helper.make_tensor_value_info(FACE_LANDMARKS, TensorProto.FLOAT, ["batch", faces, 5, 2])]
+
+
+def _unnamed_dims(info: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
+    """A copy of `info` with its named dimensions left unknown. Why: the prepared detector's outputs share a name for
+    dimensions that differ (the boxes' 4 and the landmarks' 10); as a graph's inputs, ONNX Runtime's CUDA planner
+    took them for equal and reused one input's buffer for another ("Shape mismatch attempting to re-use buffer")."""
+    unnamed = onnx.ValueInfoProto()
+    unnamed.CopyFrom(info)
+    for dim in unnamed.type.tensor_type.shape.dim:
+        if dim.HasField("dim_param"):
+            dim.ClearField("dim_param")
+    return unnamed
 
 
 def _sample_points(b: _Builder, crop_size: tuple[int, int]) -> tuple[str, str]:

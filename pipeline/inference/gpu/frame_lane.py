@@ -16,6 +16,10 @@ detect() takes at most `frame_cap` frames (inference.max_frames_per_run): the la
 the memory arena (a run of 64 1080p frames holds them as float16 once, 0.8 GB, before the first halving), and the
 buffer's rows. The classifier graph is always bound to the whole buffer, so its only varying shape is the face count.
 
+With `captured` (inference.cuda_graphs) each padded size's runs are replayed as CUDA graphs (gpu/captured.py):
+the detector as a captured body and a plain tail, the classifier whole; each keeps device buffers for its inputs and
+outputs.
+
 The caller (the batcher's runner thread) holds the frames it passed until detect/classify return; both end with
 outputs copied to the host, i.e. after the stream has finished reading them.
 """
@@ -32,6 +36,7 @@ import numpy as np
 
 from pipeline.core.types import FrameImage
 from pipeline.inference.backend import BackendError
+from pipeline.inference.gpu.captured import CAPTURE_RUNS, CapturedClassify, CapturedDetect
 from pipeline.inference.gpu.cuda import DeviceBuffer, Stream
 from pipeline.inference.frame_faces import no_face_rows
 from pipeline.inference.gpu.cuda_lane import SMALLEST_CLASSIFY_RUN, SMALLEST_DETECT_RUN, padded_size, padded_sizes
@@ -53,6 +58,8 @@ class GraphSource(Protocol):
 
     def classifier(self, fmt: FrameFormat) -> bytes: ...
 
+    def detector_parts(self, fmt: FrameFormat) -> tuple[bytes, bytes, int]: ...
+
 
 @dataclass
 class _FormatState:
@@ -63,14 +70,31 @@ class _FormatState:
     detect: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     classify: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     classify_output: str = ""
+    captured_detect: dict[int, CapturedDetect] = field(default_factory=dict)
+    captured_classify: dict[int, CapturedClassify] = field(default_factory=dict)
+
+    def close(self) -> None:
+        """Drop the sessions and free the buffers (after the lane's stream has drained)."""
+        for detect in self.captured_detect.values():
+            detect.close()
+        for classify in self.captured_classify.values():
+            classify.close()
+        self.captured_detect.clear()
+        self.captured_classify.clear()
+        self.detect.clear()
+        self.classify.clear()
+        self.frames.close()
 
 
 class CudaFrameLane:
     """The two frame graphs on one CUDA stream, over one device batch buffer per frame format."""
 
-    def __init__(self, graphs: GraphSource, session_factory: Callable[[bytes, int], Any], max_batch: int,
-                 step: int, face_cap: int, what: str, frame_cap: int | None = None) -> None:
+    def __init__(self, graphs: GraphSource, session_factory: Callable[[bytes, int, bool], Any], max_batch: int,
+                 step: int, face_cap: int, what: str, frame_cap: int | None = None, captured: bool = False) -> None:
+        """`session_factory(graph, stream handle, captured)` makes one CUDA session on that stream, made for CUDA
+        graph capture when `captured`."""
         self.what = what
+        self._captured = captured
         self._graphs = graphs
         self._session_factory = session_factory
         self._step = step
@@ -97,31 +121,54 @@ class CudaFrameLane:
     def _detect_session(self, fmt: FrameFormat, state: _FormatState, bucket: int) -> tuple[Any, Any]:
         entry = state.detect.get(bucket)
         if entry is None:
-            session = self._session_factory(self._graphs.detector(fmt), self._live_stream().handle)
+            session = self._session_factory(self._graphs.detector(fmt), self._live_stream().handle, False)
             entry = state.detect[bucket] = (session, session.io_binding())
         return entry
 
     def _classify_session(self, fmt: FrameFormat, state: _FormatState, bucket: int) -> tuple[Any, Any]:
         entry = state.classify.get(bucket)
         if entry is None:
-            session = self._session_factory(self._graphs.classifier(fmt), self._live_stream().handle)
+            session = self._session_factory(self._graphs.classifier(fmt), self._live_stream().handle, False)
             state.classify_output = session.get_outputs()[0].name
             entry = state.classify[bucket] = (session, session.io_binding())
         return entry
 
+    def _captured_detect(self, fmt: FrameFormat, state: _FormatState, bucket: int) -> CapturedDetect:
+        runner = state.captured_detect.get(bucket)
+        if runner is None:
+            body, tail, candidates = self._graphs.detector_parts(fmt)
+            handle = self._live_stream().handle
+            captured, plain = self._session_factory(body, handle, True), self._session_factory(tail, handle, False)
+            runner = CapturedDetect(captured, plain, state.frames.ptr, bucket, fmt, candidates, self.what)
+            state.captured_detect[bucket] = runner
+        return runner
+
+    def _captured_classify(self, fmt: FrameFormat, state: _FormatState, bucket: int) -> CapturedClassify:
+        runner = state.captured_classify.get(bucket)
+        if runner is None:
+            session = self._session_factory(self._graphs.classifier(fmt), self._live_stream().handle, True)
+            runner = state.captured_classify[bucket] = CapturedClassify(session, state.frames.ptr, self._rows, bucket,
+                                                                        fmt, self.what)
+        return runner
+
     def prepare(self, fmt: FrameFormat) -> None:
-        """Create and run every session of this format once (zeros in, results dropped)."""
+        """Create and run every session of this format (zeros in, results dropped): once, or, captured, as often as
+        ONNX Runtime needs to record the graph, so no camera's frame waits for a capture."""
         with self._lock:
             state = self._state(fmt)
         zeros = np.zeros((fmt.height, fmt.width, 3), np.uint8)
         thresholds = {SCORE_THRESHOLD: np.array([0.5], np.float32), IOU_THRESHOLD: np.array([0.4], np.float32)}
+        runs = CAPTURE_RUNS if self._captured else 1
         for bucket in padded_sizes(self._step, self._frame_cap, SMALLEST_DETECT_RUN):
-            self.detect([zeros] * bucket, fmt, thresholds)
+            for _ in range(runs):
+                self.detect([zeros] * bucket, fmt, thresholds)
         for bucket in padded_sizes(self._step, self._face_cap, SMALLEST_CLASSIFY_RUN):
             matrices = np.tile(np.array([[1, 0, 0], [0, 1, 0]], np.float32), (bucket, 1, 1))
-            self.classify(fmt, matrices, np.zeros(bucket, np.int64))
-        log.info("%s: %dx%d %s ready (%d + %d sessions)", self.what, fmt.width, fmt.height, fmt.order,
-                 len(state.detect), len(state.classify))
+            for _ in range(runs):
+                self.classify(fmt, matrices, np.zeros(bucket, np.int64))
+        log.info("%s: %dx%d %s ready (%d + %d sizes%s)", self.what, fmt.width, fmt.height, fmt.order,
+                 len(state.detect) + len(state.captured_detect), len(state.classify) + len(state.captured_classify),
+                 ", captured as CUDA graphs" if self._captured else "")
 
     def detect(self, items: Sequence[FrameImage], fmt: FrameFormat, thresholds: dict[str, np.ndarray],
                rows: int | None = None) -> dict[str, np.ndarray]:
@@ -144,6 +191,9 @@ class CudaFrameLane:
         """The detector graph on the buffer's first `count` rows (padded: the rows after them are read and their
         results dropped); on the lane's stream, after the copies; returns with the outputs on the host."""
         bucket = padded_size(count, self._step, self._frame_cap, SMALLEST_DETECT_RUN)
+        if self._captured:
+            values = self._captured_detect(fmt, state, bucket).run(thresholds)
+            return {name: value[:count] for name, value in zip(FACE_OUTPUTS, values)}
         session, binding = self._detect_session(fmt, state, bucket)
         binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [bucket, fmt.height, fmt.width, 3], state.frames.ptr)
         for name, value in thresholds.items():
@@ -178,8 +228,10 @@ class CudaFrameLane:
         padded_index = np.zeros(bucket, np.int64)
         padded_index[:count] = frame_index
         with self._lock:
-            self._live_stream()
+            stream = self._live_stream()
             state = self._state(fmt)
+            if self._captured:
+                return self._captured_classify(fmt, state, bucket).run(stream, padded_matrices, padded_index)[:count]
             session, binding = self._classify_session(fmt, state, bucket)
             binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [self._rows, fmt.height, fmt.width, 3],
                                state.frames.ptr)
@@ -201,8 +253,6 @@ class CudaFrameLane:
                 stream.synchronize()
                 states, self._formats = list(self._formats.values()), {}
                 for state in states:
-                    state.detect.clear()
-                    state.classify.clear()
-                    state.frames.close()
+                    state.close()
             finally:
                 stream.close()
