@@ -119,6 +119,7 @@ class NvdecSource(VideoSource):
         self._keep_on_device = keep_on_device
         self._end_of_picture = not self._has_b_frames()
         self._open_demuxer()
+        self._relax_capture_mode()
         codec = self._demuxer.GetNvCodecId()
         # The decoder's own non-blocking stream: its conversion kernels and our copies of its frames are ordered on
         # it, and never wait for (or hold up) the inference lanes, as work on the legacy default stream would.
@@ -136,6 +137,16 @@ class NvdecSource(VideoSource):
         self._size = (int(self._demuxer.Width()), int(self._demuxer.Height()))
         fps = float(self._demuxer.FrameRate() or 0.0)
         self._pacer = pacer_for(fps) if paced else None
+
+    def _relax_capture_mode(self) -> None:
+        """Let this thread (the camera's reader, which makes the source and decodes on it) call CUDA while another
+        thread records a CUDA graph. Why: inference.cuda_graphs records the frame graphs' runs, and CUDA's default
+        (global) capture mode forbids every other thread calls that may synchronise, cudaMalloc among them, for the
+        recording's duration: a camera whose frame pool grew at that moment would fail its frame, or break the
+        recording. The relaxed mode only lifts that ban for this thread; nothing here is ever recorded."""
+        mode = self._runtime.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed
+        self._cuda("cudaThreadExchangeStreamCaptureMode (relaxed)",
+                   self._runtime.cudaThreadExchangeStreamCaptureMode(mode))
 
     def _open_demuxer(self) -> None:
         self._demuxer = self._new_demuxer()

@@ -50,6 +50,7 @@ _RUNTIME_MODULES = ("cuda.bindings.runtime", "cuda.cudart")
 _runtime: Any = None
 _driver: Any = None
 _context_ready = threading.local()  # threads on which the runtime has made the primary context current
+_capture_relaxed = threading.local()  # threads that relax_capture_mode has set
 _ledger_lock = threading.Lock()
 _ledger = {"pinned_bytes": 0, "pinned_buffers": 0, "device_bytes": 0, "device_buffers": 0}
 
@@ -201,6 +202,22 @@ def gpu_stack_of(ordinal: int = 0) -> int:
     CudaDevice.open(ordinal)
     return int(check(runtime.cudaDeviceGetLimit(runtime.cudaLimit.cudaLimitStackSize),
                      f"cudaDeviceGetLimit (GPU {ordinal} thread stack)"))
+
+
+def relax_capture_mode() -> None:
+    """Let the calling thread call CUDA while another thread records a CUDA graph (once per thread).
+
+    Why: ONNX Runtime records a captured session's run (inference.cuda_graphs) in CUDA's global capture mode, which
+    forbids every other thread calls that may synchronise, cudaMalloc among them, while the recording lasts; the
+    lanes prepare their sizes on their own threads at once, and another lane's arena growing then would fail its run
+    or break the recording. The relaxed mode lifts that ban for this thread only (the camera readers set it too,
+    capture/nvdec.py)."""
+    if getattr(_capture_relaxed, "done", False):
+        return
+    runtime = load_runtime()
+    check(runtime.cudaThreadExchangeStreamCaptureMode(runtime.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed),
+          "cudaThreadExchangeStreamCaptureMode (relaxed)")
+    _capture_relaxed.done = True
 
 
 def error_name(status: Any) -> str:

@@ -37,7 +37,7 @@ import numpy as np
 from pipeline.core.types import FrameImage
 from pipeline.inference.backend import BackendError
 from pipeline.inference.gpu.captured import CAPTURE_RUNS, CapturedClassify, CapturedDetect
-from pipeline.inference.gpu.cuda import DeviceBuffer, Stream
+from pipeline.inference.gpu.cuda import DeviceBuffer, Stream, relax_capture_mode
 from pipeline.inference.frame_faces import no_face_rows
 from pipeline.inference.gpu.cuda_lane import SMALLEST_CLASSIFY_RUN, SMALLEST_DETECT_RUN, padded_size, padded_sizes
 from pipeline.modelprep.frame_graphs import (
@@ -178,6 +178,8 @@ class CudaFrameLane:
             raise BackendError(f"{self.what}: {len(items)} frames exceed the lane's {self._frame_cap} a run "
                                f"(inference.max_frames_per_run)")
         count = len(items) if rows is None else rows
+        if self._captured:
+            relax_capture_mode()
         with self._lock:
             stream = self._live_stream()
             state = self._state(fmt)
@@ -227,6 +229,8 @@ class CudaFrameLane:
         padded_matrices[:count] = matrices
         padded_index = np.zeros(bucket, np.int64)
         padded_index[:count] = frame_index
+        if self._captured:
+            relax_capture_mode()
         with self._lock:
             stream = self._live_stream()
             state = self._state(fmt)
