@@ -55,6 +55,10 @@ FACE_OUTPUTS = (FACE_SCORE, FACE_BOX, FACE_LANDMARKS)  # the detector graph's ou
 LETTERBOX_OUTPUT = "letterbox"
 CROP_OUTPUT = "crops"
 DETECTOR_OUTPUTS = (CANDIDATE_SCORE, CANDIDATE_ANCHOR, "top_loc", "top_landmarks")
+# What each of those carries per candidate after [B, K]: a score, an anchor index, a box's 4 offsets, five landmarks'
+# 10 (the decode below reads them so).
+PER_CANDIDATE: dict[str, tuple[int, ...]] = {CANDIDATE_SCORE: (), CANDIDATE_ANCHOR: (), "top_loc": (4,),
+                                             "top_landmarks": (10,)}
 PREFIX = "fg_"
 # Opset 13 has every op used here in its current form (Unsqueeze/Pad/Clip/ReduceSum take axes/pads/bounds as inputs);
 # later opsets only add optional inputs or attributes whose defaults keep these semantics.
@@ -430,11 +434,11 @@ def detector_graph_parts(detector: onnx.ModelProto, frame: FrameFormat, input_si
     front, back = _Builder("lb"), _Builder("dec")
     fed = _letterbox_nodes(front, FRAME_INPUT, frame, plan, halve_in_fp16, conv_halving)
     body = _splice(body, PREPARED_INPUT, front, fed, None, [_frames_info(frame)], None)
-    middle = {output.name: output for output in body.graph.output}
+    middle = {output.name: _fixed_dims(output, candidates) for output in body.graph.output}
     del body.graph.output[:]
     body.graph.output.extend(middle[name] for name in DETECTOR_OUTPUTS)
     faces = _decode_nodes(back, plan, candidates, min(max_faces, candidates))
-    inputs = [*(_unnamed_dims(middle[name]) for name in DETECTOR_OUTPUTS), *_threshold_infos()]
+    inputs = [*(middle[name] for name in DETECTOR_OUTPUTS), *_threshold_infos()]
     tail = _standalone(back, inputs, _face_infos(faces), _opset(body), "detector_tail")
     return DetectorParts(body, tail, candidates)
 
@@ -461,16 +465,19 @@ def _face_infos(faces: int) -> list[onnx.ValueInfoProto]:
             helper.make_tensor_value_info(FACE_LANDMARKS, TensorProto.FLOAT, ["batch", faces, 5, 2])]
 
 
-def _unnamed_dims(info: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
-    """A copy of `info` with its named dimensions left unknown. Why: the prepared detector's outputs share a name for
-    dimensions that differ (the boxes' 4 and the landmarks' 10); as a graph's inputs, ONNX Runtime's CUDA planner
-    took them for equal and reused one input's buffer for another ("Shape mismatch attempting to re-use buffer")."""
-    unnamed = onnx.ValueInfoProto()
-    unnamed.CopyFrom(info)
-    for dim in unnamed.type.tensor_type.shape.dim:
-        if dim.HasField("dim_param"):
-            dim.ClearField("dim_param")
-    return unnamed
+def _fixed_dims(info: onnx.ValueInfoProto, candidates: int) -> onnx.ValueInfoProto:
+    """A copy of a detector output's `info` with every dimension but the batch fixed: K candidates, then what each
+    candidate carries (PER_CANDIDATE). Why: the prepared detector names its outputs' last dimensions alike although
+    they differ (a box's 4 offsets, five landmarks' 10), and ONNX Runtime's CUDA planner, taking the tail's inputs for
+    equal in size, reused one's buffer for another ("Shape mismatch attempting to re-use buffer"); fixed sizes are
+    also what the buffers of a captured body are allocated from (inference/gpu/captured.py)."""
+    fixed = onnx.ValueInfoProto()
+    fixed.CopyFrom(info)
+    dims = fixed.type.tensor_type.shape.dim
+    for dim, size in zip(dims[1:], (candidates, *PER_CANDIDATE[info.name])):
+        dim.Clear()
+        dim.dim_value = size
+    return fixed
 
 
 def _sample_points(b: _Builder, crop_size: tuple[int, int]) -> tuple[str, str]:

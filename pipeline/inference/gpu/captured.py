@@ -81,8 +81,10 @@ class CapturedDetect:
         outputs = {arg.name: arg for arg in body.get_outputs()}
         try:
             for name in DETECTOR_OUTPUTS:
-                dims = outputs[name].shape[1:]  # [B, K, ...]: K is symbolic in the prepared detector
-                shape = [bucket, *(d if isinstance(d, int) else candidates for d in dims)]
+                shape = [bucket, *outputs[name].shape[1:]]  # [B, K, ...]: fixed by detector_graph_parts
+                if not all(isinstance(dim, int) for dim in shape) or shape[1] != candidates:
+                    raise BackendError(f"{what}: the detector body's output {name} is {outputs[name].shape}, not "
+                                       f"[batch, {candidates}, fixed sizes]: rebuild it with detector_graph_parts")
                 dtype = _numpy_type(outputs[name])
                 buffer = self._buffers.new(name, shape, dtype)
                 self._body_binding.bind_output(name, "cuda", 0, dtype, shape, buffer.ptr)
