@@ -29,6 +29,13 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 TOKEN = "page-t0ken"
 
 
+def _texts(browser, selector: str) -> list[str]:  # type: ignore[no-untyped-def]
+    """The text of every element `selector` matches, read in one script call: the history table re-renders as
+    events arrive, so rows found by one WebDriver call can be gone (stale) by the next that reads them."""
+    script = "return Array.from(document.querySelectorAll(arguments[0]), element => element.textContent);"
+    return list(browser.execute_script(script, selector))
+
+
 def _browser(profile: Path):  # type: ignore[no-untyped-def]
     if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
         pytest.skip(f"needs {CHROMIUM} and {CHROMEDRIVER} (apt-get install chromium chromium-driver)")
@@ -189,8 +196,8 @@ def test_config_is_edited_checked_and_applied_from_the_page(prepared_models: Non
         assert config.read_text() == original.replace("fps: 5", "fps: 6")
         assert (tmp_path / "config.yaml.bak").read_text() == original
         assert wait_until(lambda: "Configuration applied" in browser.find_element(By.ID, "reload").text, 30)
-        assert wait_until(lambda: any("applied" in row.text for row in
-                                      browser.find_elements(By.CSS_SELECTOR, '#history tbody tr[data-type="config"]')),
+        assert wait_until(lambda: any("applied" in text for text in
+                                      _texts(browser, '#history tbody tr[data-type="config"]')),
                           30), browser.find_element(By.ID, "history").text
 
         hall = browser.find_element(By.CSS_SELECTOR, '.tile[data-camera="hall"]')
