@@ -143,10 +143,14 @@ class NvdecSource(VideoSource):
         thread records a CUDA graph. Why: inference.cuda_graphs records the frame graphs' runs, and CUDA's default
         (global) capture mode forbids every other thread calls that may synchronise, cudaMalloc among them, for the
         recording's duration: a camera whose frame pool grew at that moment would fail its frame, or break the
-        recording. The relaxed mode only lifts that ban for this thread; nothing here is ever recorded."""
+        recording. The relaxed mode only lifts that ban for this thread; nothing here is ever recorded. It matters
+        only beside a recording, so a failure is logged and decoding goes on."""
         mode = self._runtime.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed
-        self._cuda("cudaThreadExchangeStreamCaptureMode (relaxed)",
-                   self._runtime.cudaThreadExchangeStreamCaptureMode(mode))
+        try:
+            self._cuda("cudaThreadExchangeStreamCaptureMode (relaxed)",
+                       self._runtime.cudaThreadExchangeStreamCaptureMode(mode))
+        except SourceError as exc:
+            log.warning("%s (with inference.cuda_graphs this camera may fail a frame while a lane records)", exc)
 
     def _open_demuxer(self) -> None:
         self._demuxer = self._new_demuxer()
