@@ -434,11 +434,12 @@ def detector_graph_parts(detector: onnx.ModelProto, frame: FrameFormat, input_si
     front, back = _Builder("lb"), _Builder("dec")
     fed = _letterbox_nodes(front, FRAME_INPUT, frame, plan, halve_in_fp16, conv_halving)
     body = _splice(body, PREPARED_INPUT, front, fed, None, [_frames_info(frame)], None)
-    middle = {output.name: _fixed_dims(output, candidates) for output in body.graph.output}
+    outputs = {output.name: output for output in body.graph.output}
+    middle = [_fixed_dims(outputs[name], candidates) for name in DETECTOR_OUTPUTS]  # any other output is dropped
     del body.graph.output[:]
-    body.graph.output.extend(middle[name] for name in DETECTOR_OUTPUTS)
+    body.graph.output.extend(middle)
     faces = _decode_nodes(back, plan, candidates, min(max_faces, candidates))
-    inputs = [*(middle[name] for name in DETECTOR_OUTPUTS), *_threshold_infos()]
+    inputs = [*middle, *_threshold_infos()]
     tail = _standalone(back, inputs, _face_infos(faces), _opset(body), "detector_tail")
     return DetectorParts(body, tail, candidates)
 
