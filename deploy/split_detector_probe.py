@@ -34,6 +34,7 @@ import cv2
 import numpy as np
 import onnx
 import onnxruntime as ort
+from pipeline.inference.backend import ONNX_NUMPY_TYPES
 from pipeline.modelprep.frame_graphs import (
     DETECTOR_OUTPUTS,
     FACE_OUTPUTS,
@@ -56,10 +57,10 @@ THRESHOLDS = {SCORE_THRESHOLD: np.array([0.5], np.float32), IOU_THRESHOLD: np.ar
 
 
 def split_graphs(detector: onnx.ModelProto, fmt: FrameFormat,
-                 on_gpu: bool) -> tuple[onnx.ModelProto, onnx.ModelProto, int]:
-    """(body, tail, K): frame_graphs.detector_graph_parts as the lanes would build them on this device."""
+                 on_gpu: bool) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """(body, tail): frame_graphs.detector_graph_parts as the lanes would build them on this device."""
     parts = detector_graph_parts(detector, fmt, INPUT_SIZE, FACES, halve_in_fp16=on_gpu, conv_halving=on_gpu)
-    return parts.body, parts.tail, parts.candidates
+    return parts.body, parts.tail
 
 
 def _opset_of(model: onnx.ModelProto) -> int:
@@ -161,16 +162,15 @@ class _Split(_Way):
     """The body's outputs stay on the device at fixed addresses (what a captured graph needs), read by the tail."""
 
     def __init__(self, body: onnx.ModelProto, tail: onnx.ModelProto, device: str, frames: Any, batch: int,
-                 candidates: int, captured: bool, lane: bool = False) -> None:
+                 captured: bool, lane: bool = False) -> None:
         super().__init__()
         self.body = _session(body, device, captured, lane)
         self.tail = _session(tail, device, lane=lane)
         where = "cuda" if device == "cuda" else "cpu"
         shapes = {o.name: o.shape for o in self.body.get_outputs()}
         types = {o.name: o.type for o in self.body.get_outputs()}
-        self.middle = {name: ort.OrtValue.ortvalue_from_shape_and_type(  # symbolic dims are the K candidates
-            [batch, *(d if isinstance(d, int) else candidates for d in shapes[name][1:])], _NUMPY[types[name]],
-            where, 0) for name in DETECTOR_OUTPUTS}
+        self.middle = {name: ort.OrtValue.ortvalue_from_shape_and_type(  # [batch, K, ...]: fixed by the parts
+            [batch, *shapes[name][1:]], ONNX_NUMPY_TYPES[types[name]], where, 0) for name in DETECTOR_OUTPUTS}
         self.body_binding = self.body.io_binding()
         self.body_binding.bind_ortvalue_input(FRAME_INPUT, frames)
         for name, value in self.middle.items():
@@ -181,10 +181,6 @@ class _Split(_Way):
         self.body.run_with_iobinding(self.body_binding)
         self.tail.run_with_iobinding(self.tail_binding)
         self.faces = self.tail_binding.copy_outputs_to_cpu()
-
-
-_NUMPY = {"tensor(float16)": np.float16, "tensor(float)": np.float32, "tensor(int64)": np.int64,
-          "tensor(int32)": np.int32}
 
 
 def _same_faces(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
@@ -205,16 +201,16 @@ def probe(batch: int, device: str, detector: onnx.ModelProto, rgb: np.ndarray, r
     fmt = FrameFormat(rgb.shape[1], rgb.shape[0], "rgb")
     on_gpu = device == "cuda"
     whole_graph = detector_frame_graph(detector, fmt, INPUT_SIZE, FACES, halve_in_fp16=on_gpu, conv_halving=on_gpu)
-    body, tail, candidates = split_graphs(detector, fmt, on_gpu)
+    body, tail = split_graphs(detector, fmt, on_gpu)
     frames = ort.OrtValue.ortvalue_from_numpy(np.repeat(rgb[None], batch, axis=0), "cuda" if on_gpu else "cpu", 0)
     ways: dict[str, _Way] = {"whole": _Whole(whole_graph, device, frames),
-                             "split": _Split(body, tail, device, frames, batch, candidates, captured=False)}
+                             "split": _Split(body, tail, device, frames, batch, captured=False)}
     result: dict[str, object] = {"batch": batch, "device": device}
     if on_gpu:
         ways["whole_lane"] = _Whole(whole_graph, device, frames, lane=True)
         for name, lane in (("split_body_captured", False), ("split_lane", True), ("split_body_captured_lane", True)):
             try:
-                ways[name] = _Split(body, tail, device, frames, batch, candidates, name != "split_lane", lane)
+                ways[name] = _Split(body, tail, device, frames, batch, name != "split_lane", lane)
             except Exception as exc:  # noqa: BLE001 - a probe reports what ONNX Runtime refused, whatever its type
                 result[name] = f"{type(exc).__name__}: {str(exc)[:300]}"
     for name, way in ways.items():

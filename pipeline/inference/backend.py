@@ -29,6 +29,18 @@ class BackendError(RuntimeError):
     """A model cannot be loaded or run; the message says which model and what to do."""
 
 
+# ONNX tensor types as ONNX Runtime names them (NodeArg.type) -> numpy: the ONNX Runtime backend's specs and the
+# captured frame graphs' buffers (gpu/captured.py) read the same names.
+ONNX_NUMPY_TYPES: dict[str, np.dtype[Any]] = {
+    "tensor(float)": np.dtype(np.float32),
+    "tensor(float16)": np.dtype(np.float16),
+    "tensor(uint8)": np.dtype(np.uint8),
+    "tensor(int8)": np.dtype(np.int8),
+    "tensor(int64)": np.dtype(np.int64),
+    "tensor(int32)": np.dtype(np.int32),
+}
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """One named input or output; -1 marks a dynamic dimension."""

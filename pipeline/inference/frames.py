@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import onnx
@@ -68,6 +68,7 @@ from pipeline.modelprep.manifest import ModelManifest
 from pipeline.vision.align import align_matrix, box_crop_matrices, inverse_affine
 
 log = logging.getLogger(__name__)
+_Built = TypeVar("_Built")
 
 GRAPH_FACES = 64  # faces per frame the detector graph returns at most (best scores after NMS), before max_faces
 # Crop matrices made per numpy call on the lane's thread: 64 faces x 6 are loops of 384 elements, which numpy runs
@@ -131,43 +132,35 @@ class FrameGraphs:
         # exact; 4.9 -> 3.6 ms per 32 1080p frames on the H200). ONNX Runtime's CPU provider has no float16
         # AveragePool and runs that Conv slower than Transpose + AveragePool, so the CPU keeps the plain version.
         self._on_gpu = on_gpu
-        self._built: dict[tuple[str, FrameFormat], bytes] = {}
-        self._parts: dict[FrameFormat, tuple[bytes, bytes, int]] = {}
+        self._built: dict[tuple[str, FrameFormat], Any] = {}  # by (what, format): serialised graphs
         self._lock = threading.Lock()
 
     def detector(self, fmt: FrameFormat) -> bytes:
-        return self._get("detector", fmt, lambda: detector_frame_graph(
+        return self._get("detector graph", fmt, lambda: detector_frame_graph(
             self._detector_model, fmt, self._detector_cfg.input_for((fmt.width, fmt.height)), self._max_faces,
-            halve_in_fp16=self._on_gpu, conv_halving=self._on_gpu))
+            halve_in_fp16=self._on_gpu, conv_halving=self._on_gpu).SerializeToString())
 
     def classifier(self, fmt: FrameFormat) -> bytes:
-        return self._get("classifier", fmt, lambda: crop_classify_graph(
-            self._classifier_model, fmt, self._crop_size, self._colour))
+        return self._get("classifier graph", fmt, lambda: crop_classify_graph(
+            self._classifier_model, fmt, self._crop_size, self._colour).SerializeToString())
 
     def detector_parts(self, fmt: FrameFormat) -> tuple[bytes, bytes, int]:
         """The detector graph in two parts (body, tail) and K, its candidates per frame, for CUDA graph capture
         (gpu/captured.py)."""
-        with self._lock:
-            found = self._parts.get(fmt)
-            if found is None:
-                started = time.monotonic()
-                parts = detector_graph_parts(self._detector_model, fmt,
-                                             self._detector_cfg.input_for((fmt.width, fmt.height)), self._max_faces,
-                                             halve_in_fp16=self._on_gpu, conv_halving=self._on_gpu)
-                found = (parts.body.SerializeToString(), parts.tail.SerializeToString(), parts.candidates)
-                self._parts[fmt] = found
-                log.info("frame graphs: detector body and tail for %dx%d %s built in %.1f s", fmt.width, fmt.height,
-                         fmt.order, time.monotonic() - started)
-            return found
+        def build() -> tuple[bytes, bytes, int]:
+            parts = detector_graph_parts(self._detector_model, fmt,
+                                         self._detector_cfg.input_for((fmt.width, fmt.height)), self._max_faces,
+                                         halve_in_fp16=self._on_gpu, conv_halving=self._on_gpu)
+            return parts.body.SerializeToString(), parts.tail.SerializeToString(), parts.candidates
+        return self._get("detector body and tail", fmt, build)
 
-    def _get(self, role: str, fmt: FrameFormat, build: Callable[[], onnx.ModelProto]) -> bytes:
+    def _get(self, role: str, fmt: FrameFormat, build: Callable[[], _Built]) -> _Built:
         with self._lock:  # lanes meeting a new format at once build it once
             found = self._built.get((role, fmt))
             if found is None:
                 started = time.monotonic()
-                found = build().SerializeToString()
-                self._built[(role, fmt)] = found
-                log.info("frame graphs: %s graph for %dx%d %s built in %.1f s", role, fmt.width, fmt.height,
+                found = self._built[(role, fmt)] = build()
+                log.info("frame graphs: %s for %dx%d %s built in %.1f s", role, fmt.width, fmt.height,
                          fmt.order, time.monotonic() - started)
             return found
 

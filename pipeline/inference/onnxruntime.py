@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pipeline.core.registry import Plugin
-from pipeline.inference.backend import Backend, BackendError, ModelRuntime, TensorSpec
+from pipeline.inference.backend import ONNX_NUMPY_TYPES, Backend, BackendError, ModelRuntime, TensorSpec
 
 if TYPE_CHECKING:
     from pipeline.inference.gpu.cuda_lane import CudaLane
@@ -24,16 +24,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ENGINES_DIR = Path(__file__).resolve().parents[2] / "engines"
-
-_ORT_TYPES: dict[str, np.dtype[Any]] = {
-    "tensor(float)": np.dtype(np.float32),
-    "tensor(float16)": np.dtype(np.float16),
-    "tensor(uint8)": np.dtype(np.uint8),
-    "tensor(int8)": np.dtype(np.int8),
-    "tensor(int64)": np.dtype(np.int64),
-    "tensor(int32)": np.dtype(np.int32),
-}
-
 
 def _providers(device: str, model_name: str, precision: str) -> list[str | tuple[str, dict[str, str]]]:
     """The provider list for `inference.device`; each asks for the runtime it needs by package name."""
@@ -237,7 +227,7 @@ def make_session(ort: Any, source: Path | bytes, failure: str, threads: int, pro
 
 def _spec(arg: object) -> TensorSpec:
     shape = tuple(d if isinstance(d, int) else -1 for d in arg.shape)  # type: ignore[attr-defined]
-    dtype = _ORT_TYPES.get(arg.type, np.dtype(np.float32))  # type: ignore[attr-defined]
+    dtype = ONNX_NUMPY_TYPES.get(arg.type, np.dtype(np.float32))  # type: ignore[attr-defined]
     return TensorSpec(arg.name, shape, dtype)  # type: ignore[attr-defined]
 
 

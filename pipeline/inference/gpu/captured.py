@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.inference.backend import BackendError
+from pipeline.inference.backend import ONNX_NUMPY_TYPES, BackendError
 from pipeline.inference.gpu.cuda import DeviceBuffer, Stream
 from pipeline.modelprep.frame_graphs import (
     DETECTOR_OUTPUTS,
@@ -32,14 +32,11 @@ from pipeline.modelprep.frame_graphs import (
     FrameFormat,
 )
 
-_NUMPY_TYPES: dict[str, np.dtype[Any]] = {
-    "tensor(float)": np.dtype(np.float32), "tensor(float16)": np.dtype(np.float16),
-    "tensor(int64)": np.dtype(np.int64), "tensor(int32)": np.dtype(np.int32)}
 CAPTURE_RUNS = 2  # runs that prepare() makes of a captured size: ONNX Runtime records on a session's 2nd run
 
 
 def _numpy_type(arg: Any) -> np.dtype[Any]:
-    dtype = _NUMPY_TYPES.get(arg.type)
+    dtype = ONNX_NUMPY_TYPES.get(arg.type)
     if dtype is None:
         raise BackendError(f"captured frame graph: output {arg.name} has type {arg.type}, which no buffer here holds")
     return dtype
