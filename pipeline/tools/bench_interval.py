@@ -26,7 +26,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from pipeline.config.app import load_config
+from pipeline.config.app import TrackingConfig, load_config
 from pipeline.core.types import Detection, EmotionScores
 from pipeline.inference.perception import Perception
 from pipeline.tools.bench_engine import video_frames
@@ -97,6 +97,11 @@ def _compare(result: Agreement, followed: tuple[list[Detection], list[EmotionSco
         result.same_smoothed += smoothed[track_id] == ref_smoothed[ref_ids[best]]
 
 
+def _tracker(tracking: TrackingConfig, follow: bool) -> IouTracker:
+    return IouTracker(tracking.iou_threshold, tracking.max_age_s, tracking.smoothing_half_life_ms, follow=follow,
+                      pose_every=tracking.pose_every)
+
+
 def _shifted(perception: Perception, frame: np.ndarray, shift: int) -> tuple[list[Detection], list[EmotionScores]]:
     """The faces of `frame` moved right and down by `shift` pixels (border repeated), their boxes moved back."""
     move = np.array([[1, 0, shift], [0, 1, shift]], dtype=np.float32)
@@ -108,10 +113,11 @@ def _shifted(perception: Perception, frame: np.ndarray, shift: int) -> tuple[lis
 
 
 def compare_intervals(perception: Perception, frames: list[np.ndarray], fps: float, interval: int,
-                      ceiling: int | None = None) -> Agreement:
+                      ceiling: int | None = None, tracking: TrackingConfig | None = None) -> Agreement:
     """Both ways over `frames` (see the module docstring). The detection frames of the skipping way reuse the
-    reference's detection and are charged its cost. `ceiling`: the frames shifted by that many pixels too."""
-    every, skipping, shifted = IouTracker(), IouTracker(follow=True), IouTracker()
+    reference's detection and are charged its cost. `ceiling`: the frames shifted by that many pixels too.
+    `tracking`: the config's tracking section (overlap, age, smoothing), as a camera worker's tracker has it."""
+    every, skipping, shifted = (_tracker(tracking or TrackingConfig(), follow) for follow in (False, True, False))
     followed = 0  # frames without detection so far (emotion.flip_followed: alternate)
     result = Agreement(frames=len(frames), ceiling=Agreement(frames=len(frames)) if ceiling is not None else None)
     for index, frame in enumerate(frames):
@@ -153,13 +159,14 @@ def frames_of(video: Path, most: int = 10_000) -> tuple[list[np.ndarray], float]
 
 
 def bench_interval(args: argparse.Namespace) -> dict[str, Any]:
-    perception = Perception.from_config(load_config(args.config))
+    config = load_config(args.config)
+    perception = Perception.from_config(config)
     perception.warm_up()
     try:
         rows = []
         for video in args.video:
             frames, fps = frames_of(video)
-            agreement = compare_intervals(perception, frames, fps, args.interval, args.ceiling)
+            agreement = compare_intervals(perception, frames, fps, args.interval, args.ceiling, config.tracking)
             rows.append({"video": video.name, "interval": args.interval, **agreement.summary(),
                          **({"ceiling_shift_px": args.ceiling} if args.ceiling is not None else {})})
     finally:
