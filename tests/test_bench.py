@@ -160,3 +160,28 @@ def test_one_bench_process_is_sized_as_the_daemon_sizes_its_own(tmp_path: Path) 
     assert config("--cameras", "40").max_batch == 64
     assert config("--cameras", "8", "--processes", "2").max_batch == 64  # each group sizes itself
     assert config("--cameras", "8", naive=True).max_batch == 1
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("tracking", "write SECTION.KEY=VALUE"),
+    ("tracking.nokey=1", "tracking.nokey: Extra inputs are not permitted"),
+    ("nosection.key=1", "'nosection' is not a section"),
+    ("tracking.max_age_s=[1", "the value is not YAML"),
+])
+def test_a_bad_set_is_named_before_anything_runs(setting: str, message: str) -> None:
+    """`bench pipeline` and `bench interval` read --set alike: a malformed or invalid one is named, exit 2, no
+    traceback, before a model is loaded or a video opened (the video named here does not exist)."""
+    for mode in ("pipeline", "interval"):
+        done = run_cli("bench", mode, "--video", "no-such.mp4", "--set", setting, timeout=60)
+        assert done.returncode == 2, (mode, done.stderr[-1000:])
+        assert message in done.stderr and "Traceback" not in done.stderr, (mode, done.stderr[-1000:])
+
+
+def test_bench_interval_applies_set_to_the_tracking_it_measures(prepared_models: None) -> None:
+    """--set reaches the trackers `bench interval` compares: without smoothing the smoothed agreement is the raw one."""
+    video = data_path("video", "woman_short.mp4")
+    done = run_cli("bench", "interval", "--video", str(video), "--set", "tracking.smoothing_half_life_ms=0",
+                   "--log-level", "warning", timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = done.stdout.strip().splitlines()[-1].split()
+    assert row[0] == "woman_short.mp4" and row[-3] == row[-2], done.stdout

@@ -53,26 +53,6 @@ def test_a_panning_crowd_is_followed_about_as_closely_as_the_detector_agrees_wit
     assert row["iou_median"] >= 0.85 and row["iou_at_least_0_8"] >= 0.85, row
 
 
-def test_the_bench_tracks_as_the_configured_daemon_does(prepared_models: None) -> None:
-    """`bench interval --config` smooths with the config's tracking section: without smoothing (half-life 0) a
-    track's smoothed emotion is its raw read, so both agreements are one figure (on the crowd's first frames they
-    differ by ~25 points with the default 300 ms)."""
-    from pipeline.config.app import TrackingConfig, load_config
-    from pipeline.inference.perception import Perception
-    from pipeline.tools.bench_interval import frames_of, compare_intervals
-
-    perception = Perception.from_config(load_config(ROOT / "config" / "default.yaml"))
-    try:
-        frames, fps = frames_of(data_path("video", "group_1080p.mp4"), 30)
-        raw = compare_intervals(perception, frames, fps, 3, tracking=TrackingConfig(smoothing_half_life_ms=0))
-        smoothed = compare_intervals(perception, frames, fps, 3)
-    finally:
-        perception.close()
-    assert raw.summary()["compared"] >= 50, raw.summary()
-    assert raw.summary()["smoothed_agreement"] == raw.summary()["emotion_agreement"], raw.summary()
-    assert smoothed.summary()["smoothed_agreement"] != smoothed.summary()["emotion_agreement"], smoothed.summary()
-
-
 def test_interval_is_validated(tmp_path: Path) -> None:
     from pipeline.config.app import load_config
 

@@ -30,6 +30,7 @@ from pipeline.config.app import TrackingConfig, load_config
 from pipeline.core.types import Detection, EmotionScores
 from pipeline.inference.perception import Perception
 from pipeline.tools.bench_engine import video_frames
+from pipeline.tools.bench_pipeline import add_set_arg, with_overrides
 from pipeline.vision.track import IouTracker, box_iou
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -42,6 +43,7 @@ def add_interval_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", type=int, default=3, help="detect every Nth frame (default 3)")
     parser.add_argument("--config", type=Path, default=PROJECT_ROOT / "config" / "default.yaml")
     parser.add_argument("--json", type=Path, default=None)
+    add_set_arg(parser)
     parser.add_argument("--ceiling", type=int, default=None, metavar="PX",
                         help="also compare the detector with itself on each frame shifted right and down by PX "
                              "pixels: the most any follower can agree (one more analysis per frame)")
@@ -159,7 +161,7 @@ def frames_of(video: Path, most: int = 10_000) -> tuple[list[np.ndarray], float]
 
 
 def bench_interval(args: argparse.Namespace) -> dict[str, Any]:
-    config = load_config(args.config)
+    config = with_overrides(load_config(args.config), args.overrides)
     perception = Perception.from_config(config)
     perception.warm_up()
     try:

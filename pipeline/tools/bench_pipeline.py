@@ -20,6 +20,7 @@ from typing import Any
 import cv2
 import numpy as np
 import yaml
+from pydantic import ValidationError
 
 from pipeline.capture.nvdec import nvdec_problem
 from pipeline.capture.sources import open_source
@@ -39,6 +40,7 @@ from pipeline.tools.bench_groups import (
 )
 from pipeline.tools.gpu_sampler import gpu_memory_mb
 from pipeline.tools.thread_cpu import cores_by_role, cpu_by_role
+from pipeline.tools.usage import UsageError
 
 WARMUP_S = 3.0
 
@@ -91,12 +93,17 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", default=None, metavar="N[,N...]",
                         help="detector.interval: detect every Nth frame (default: the config's); a list (1,3) runs "
                              "each in turn and reports the CPU per analysed frame of each against the first")
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides",
-                        help="override one config key for this run (value read as YAML), e.g. "
-                             "--set inference.cudnn_max_workspace=false; repeatable")
+    add_set_arg(parser)
     parser.add_argument("--repeat", type=int, default=1, metavar="R",
                         help="run the whole list of intervals (and modes) R times, alternating (default 1)")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the results here")
+
+
+def add_set_arg(parser: argparse.ArgumentParser) -> None:
+    """`--set SECTION.KEY=VALUE` (repeatable) into args.overrides, applied by with_overrides."""
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides",
+                        help="override one config key for this run (value read as YAML), e.g. "
+                             "--set inference.cudnn_max_workspace=false; repeatable")
 
 
 def bench_config(args: argparse.Namespace, naive: bool, interval: int | None = None) -> AppConfig:
@@ -125,20 +132,29 @@ def bench_config(args: argparse.Namespace, naive: bool, interval: int | None = N
 
 
 def with_overrides(cfg: AppConfig, overrides: list[str]) -> AppConfig:
-    """`cfg` with each SECTION.KEY=VALUE applied (the value read as YAML) and the whole validated again."""
+    """`cfg` with each SECTION.KEY=VALUE applied (the value read as YAML) and the whole validated again; a malformed
+    or invalid --set is a UsageError naming it (the CLI prints it, exit 2)."""
     data = cfg.model_dump()
     for text in overrides:
         path, sep, value = text.partition("=")
         keys = [key.strip() for key in path.split(".") if key.strip()]
         if not sep or not keys:
-            raise ValueError(f"--set {text!r}: write SECTION.KEY=VALUE, e.g. inference.max_batch=32")
+            raise UsageError(f"--set {text!r}: write SECTION.KEY=VALUE, e.g. inference.max_batch=32")
         node = data
         for key in keys[:-1]:
             if not isinstance(node.get(key), dict):
-                raise ValueError(f"--set {text!r}: {key!r} is not a section of the configuration")
+                raise UsageError(f"--set {text!r}: {key!r} is not a section of the configuration")
             node = node[key]
-        node[keys[-1]] = yaml.safe_load(value)
-    return type(cfg).model_validate(data)
+        try:
+            node[keys[-1]] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise UsageError(f"--set {text!r}: the value is not YAML ({exc.__class__.__name__})") from None
+    try:
+        return type(cfg).model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
+                             for error in exc.errors())
+        raise UsageError(f"--set {' '.join(overrides)}: {problems}") from None
 
 
 def _detector_input(text: str) -> tuple[int, int] | str:
