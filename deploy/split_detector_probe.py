@@ -71,19 +71,23 @@ _LANE_STREAMS: list[Any] = []  # the one stream the lane-like sessions run on (m
 
 
 def _lane_session(graph: onnx.ModelProto, captured: bool) -> Any:
-    """A session made as the frame lanes make theirs (pipeline/inference/frames.py): the shared CUDA arena, a
-    non-blocking stream of its own as user_compute_stream, memory pattern off; captured or not. Why: whether ONNX
-    Runtime's capture works, and what it saves, with the lanes' own options and not only with the defaults."""
+    """A session made as the frame lanes make theirs (pipeline/inference/frames.py): a non-blocking stream of its
+    own as user_compute_stream, memory pattern off, the shared CUDA arena, or, captured, an arena of its own. Why:
+    whether ONNX Runtime's capture works, and what it saves, with the lanes' own options and not only with the
+    defaults."""
     from pipeline.inference.gpu.cuda import Stream
-    from pipeline.inference.onnxruntime import cuda_provider_options, make_session, share_cuda_arena
+    from pipeline.inference.onnxruntime import (
+        captured_provider_options,
+        cuda_provider_options,
+        make_session,
+        share_cuda_arena,
+    )
 
     if not _LANE_STREAMS:
         _LANE_STREAMS.append(Stream("probe lane"))
-    options = cuda_provider_options(_LANE_STREAMS[0].handle, True)
-    if captured:
-        options["enable_cuda_graph"] = "1"
+    options = (captured_provider_options if captured else cuda_provider_options)(_LANE_STREAMS[0].handle, True)
     return make_session(ort, graph.SerializeToString(), "probe session", 1, [("CUDAExecutionProvider", options)],
-                        share_cuda_arena(ort), False)
+                        share_cuda_arena(ort) and not captured, False)
 
 
 def _session(graph: onnx.ModelProto, device: str, captured: bool = False, lane: bool = False) -> Any:

@@ -490,7 +490,7 @@ def _cuda_lanes(ort: Any, graphs: FrameGraphs, inference: InferenceConfig, detec
                 shared_arena: bool, flip: bool) -> list[FrameLane]:
     from pipeline.inference.gpu.cuda import load_runtime
     from pipeline.inference.gpu.frame_lane import CudaFrameLane
-    from pipeline.inference.onnxruntime import cuda_provider_options, make_session
+    from pipeline.inference.onnxruntime import captured_provider_options, cuda_provider_options, make_session
 
     load_runtime()
     if "CUDAExecutionProvider" not in ort.get_available_providers():
@@ -498,11 +498,10 @@ def _cuda_lanes(ort: Any, graphs: FrameGraphs, inference: InferenceConfig, detec
                            f"({ort.__version__}) lacks; pip install -r requirements-gpu.txt")
 
     def cuda_session(graph: bytes, stream: int, captured: bool) -> Any:
-        options = cuda_provider_options(stream, inference.cudnn_max_workspace)
-        if captured:
-            options["enable_cuda_graph"] = "1"
-        return make_session(ort, graph, "frame graph", threads, [("CUDAExecutionProvider", options)], shared_arena,
-                            inference.memory_pattern)
+        provider_options = captured_provider_options if captured else cuda_provider_options
+        options = provider_options(stream, inference.cudnn_max_workspace)
+        return make_session(ort, graph, "frame graph", threads, [("CUDAExecutionProvider", options)],
+                            shared_arena and not captured, inference.memory_pattern)
 
     lanes: list[FrameLane] = []
     try:

@@ -195,6 +195,16 @@ def cuda_provider_options(stream: int, cudnn_max_workspace: bool) -> dict[str, s
             "cudnn_conv_use_max_workspace": "1" if cudnn_max_workspace else "0"}
 
 
+def captured_provider_options(stream: int, cudnn_max_workspace: bool) -> dict[str, str]:
+    """cuda_provider_options for a session whose runs ONNX Runtime records once and replays as a CUDA graph
+    (inference.cuda_graphs). Such a session must keep an arena of its own (make_session with shared_arena False):
+    a replay writes its activations where the recorded run put them, memory the run gave back to its arena, which a
+    shared arena would hand to another session's weights or activations in the meantime. Its arena grows by what is
+    asked (as the shared one does) and stays outside inference.gpu_memory_limit_mb, which caps the shared one."""
+    return {**cuda_provider_options(stream, cudnn_max_workspace), "enable_cuda_graph": "1",
+            "arena_extend_strategy": "kSameAsRequested"}
+
+
 def _session(ort: Any, threads: int, model: ModelManifest, model_path: Path,
              providers: list[Any], shared_arena: bool = False, memory_pattern: bool = True) -> Any:
     """One InferenceSession; `threads` intra-op threads (0 = the library default)."""

@@ -296,7 +296,8 @@ class InferenceConfig(StrictModel):
                               "of the frame graphs as a CUDA graph (ONNX Runtime's enable_cuda_graph): one launch "
                               "instead of one per node, which is most of a lane's CPU. The detector is captured "
                               "without its NonMaxSuppression (run as before), and every captured size keeps its "
-                              "own input and output buffers on the GPU. Experimental and off by default: "
+                              "own input and output buffers and its own memory arena on the GPU (outside "
+                              "gpu_memory_limit_mb). Experimental and off by default: "
                               "not yet measured on a GPU (BENCHMARKS.md, round 16, has the commands).")
     gpu_wait: Literal["block", "spin", "auto"] = Field("block", description="device cuda or tensorrt: how a "
                                                       "thread waits for the GPU inside ONNX Runtime, TensorRT and "

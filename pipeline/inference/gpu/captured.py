@@ -8,7 +8,8 @@ data. So each captured run here owns device buffers for its inputs and outputs (
 them on the lane's stream before the replay, the results copied back after it), and the detector graph is captured
 in two parts (modelprep.frame_graphs.detector_graph_parts): the body, whose shapes are fixed for a batch size, is
 replayed; the tail (decode + NonMaxSuppression, whose output size depends on the data) runs node by node as before,
-reading the body's outputs where they are.
+reading the body's outputs where they are. A captured session keeps a memory arena of its own
+(onnxruntime.captured_provider_options): a replay writes its activations where the recorded run put them.
 
 A run of each padded size has sessions of its own anyway (cuda_lane.py: ONNX Runtime re-plans on every new shape),
 so a captured graph only ever sees the shapes it was captured with.
