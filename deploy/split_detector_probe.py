@@ -63,10 +63,6 @@ def split_graphs(detector: onnx.ModelProto, fmt: FrameFormat,
     return parts.body, parts.tail
 
 
-def _opset_of(model: onnx.ModelProto) -> int:
-    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-
-
 _LANE_STREAMS: list[Any] = []  # the one stream the lane-like sessions run on (made on first use)
 
 

@@ -297,10 +297,9 @@ def _nms_scores(b: _Builder, score: str, boxes: str, candidates: int) -> str:
     return b.op("ScatterND", blank, pairs, b.op("GatherND", score, pairs))
 
 
-def _decode_nodes(b: _Builder, plan: LetterboxPlan, candidates: int, faces: int) -> int:
+def _decode_nodes(b: _Builder, plan: LetterboxPlan, candidates: int, faces: int) -> None:
     """Detector top-K outputs → `face_score` [N, F] (best first), `face_box` [N, F, 4] and `face_landmarks`
-    [N, F, 5, 2] in frame pixels (boxes not clipped: the host clips, as vision.retinaface._to_frame does); returns
-    F."""
+    [N, F, 5, 2] in frame pixels (boxes not clipped: the host clips, as vision.retinaface._to_frame does)."""
     score, boxes, points = _decode_candidates(b, plan.input_size)
     masked = _nms_scores(b, score, boxes, candidates)
     _, order = b.ops("TopK", masked, b.const([faces], np.int64), outs=[FACE_SCORE, b.tensor("order")], axis=1,
@@ -309,7 +308,6 @@ def _decode_nodes(b: _Builder, plan: LetterboxPlan, candidates: int, faces: int)
     scale = b.const(plan.scale)
     b.op("Div", b.op("GatherND", boxes, index, batch_dims=1), scale, out=FACE_BOX)
     b.op("Div", b.op("GatherND", points, index, batch_dims=1), scale, out=FACE_LANDMARKS)
-    return faces
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -405,7 +403,8 @@ def detector_frame_graph(detector: onnx.ModelProto, frame: FrameFormat, input_si
     candidates = _candidate_count(model, plan.input_size)
     front, back = _Builder("lb"), _Builder("dec")
     fed = _letterbox_nodes(front, FRAME_INPUT, frame, plan, halve_in_fp16, conv_halving)
-    faces = _decode_nodes(back, plan, candidates, min(max_faces, candidates))
+    faces = min(max_faces, candidates)
+    _decode_nodes(back, plan, candidates, faces)
     inputs = [_frames_info(frame), *_threshold_infos()]
     return _splice(model, PREPARED_INPUT, front, fed, back, inputs, _face_infos(faces))
 
@@ -438,7 +437,8 @@ def detector_graph_parts(detector: onnx.ModelProto, frame: FrameFormat, input_si
     middle = [_fixed_dims(outputs[name], candidates) for name in DETECTOR_OUTPUTS]  # any other output is dropped
     del body.graph.output[:]
     body.graph.output.extend(middle)
-    faces = _decode_nodes(back, plan, candidates, min(max_faces, candidates))
+    faces = min(max_faces, candidates)
+    _decode_nodes(back, plan, candidates, faces)
     inputs = [*middle, *_threshold_infos()]
     tail = _standalone(back, inputs, _face_infos(faces), _opset(body), "detector_tail")
     return DetectorParts(body, tail, candidates)
