@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import cv2
 import numpy as np
 import pytest
 
@@ -303,3 +304,20 @@ def test_predict_follows_only_the_faces_the_last_detection_found() -> None:
     assert [track_id for track_id, _ in tracker.predict(0.16)] == [first]
     assert tracker.update([face(0, 0, 50, 50), face(200, 0, 250, 50)], 0.24) == [first, second]
     assert {track_id for track_id, _ in tracker.predict(0.28)} == {first, second}
+
+
+def test_following_places_the_face_between_template_pixels() -> None:
+    """The face is matched at 24 px wide, so one template pixel is 4 frame pixels of a 96 px face; the peak of the
+    match is placed between pixels (a parabola through its neighbours), so a face that moved by 2 px more than a
+    whole template pixel is placed within a pixel of where it went, not on the nearest template pixel."""
+    rng = np.random.default_rng(5)
+    texture = cv2.GaussianBlur(rng.integers(0, 255, (120, 96), dtype=np.uint8), (0, 0), 6)
+    patch = cv2.normalize(texture, None, 0, 255, cv2.NORM_MINMAX).astype(np.uint8)
+    frame0 = np.full((360, 480), 90, np.uint8)
+    frame0[100:220, 100:196] = patch
+    frame1 = np.full((360, 480), 90, np.uint8)
+    frame1[106:226, 130:226] = patch  # 30 px right (7.5 template pixels), 6 down (1.5)
+    tracker = IouTracker(follow=True)
+    tracker.update([face(100, 100, 196, 220)], 0.0, frame0)
+    ((_, found),) = tracker.predict(DT, frame1)
+    assert found.box == pytest.approx((130.0, 106.0, 226.0, 226.0), abs=1.0)

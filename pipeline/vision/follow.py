@@ -54,6 +54,22 @@ def face_template(frame: np.ndarray, box: Box) -> FaceTemplate | None:
     return FaceTemplate(pixels, scale, clipped)
 
 
+def _peak_offset(before: float, at: float, after: float) -> float:
+    """Where a parabola through three neighbouring scores peaks, relative to the middle one (-0.5 to 0.5)."""
+    curvature = before - 2.0 * at + after
+    if curvature >= 0:
+        return 0.0
+    return float(np.clip(0.5 * (before - after) / curvature, -0.5, 0.5))
+
+
+def _subpixel(scores: np.ndarray, bx: int, by: int) -> tuple[float, float]:
+    """The best match's position within its template pixel."""
+    row, col = scores[by], scores[:, bx]
+    dx = _peak_offset(row[bx - 1], row[bx], row[bx + 1]) if 0 < bx < len(row) - 1 else 0.0
+    dy = _peak_offset(col[by - 1], col[by], col[by + 1]) if 0 < by < len(col) - 1 else 0.0
+    return dx, dy
+
+
 def locate(frame: np.ndarray, template: FaceTemplate, expected: Box) -> Box | None:
     """Where the template's face is in `frame`, searched around `expected` (its size kept); None when the best
     match is weak or the search window is too small."""
@@ -70,6 +86,7 @@ def locate(frame: np.ndarray, template: FaceTemplate, expected: Box) -> Box | No
     _, best, _, (bx, by) = cv2.minMaxLoc(scores)
     if not np.isfinite(best) or best < MIN_SCORE:
         return None
-    left, top = x1 + bx / template.scale, y1 + by / template.scale
+    dx, dy = _subpixel(scores, bx, by)
+    left, top = x1 + (bx + dx) / template.scale, y1 + (by + dy) / template.scale
     box_w, box_h = template.box[2] - template.box[0], template.box[3] - template.box[1]
     return (left, top, left + box_w, top + box_h)
