@@ -321,3 +321,16 @@ def test_following_places_the_face_between_template_pixels() -> None:
     tracker.update([face(100, 100, 196, 220)], 0.0, frame0)
     ((_, found),) = tracker.predict(DT, frame1)
     assert found.box == pytest.approx((130.0, 106.0, 226.0, 226.0), abs=1.0)
+
+
+def test_the_match_s_peak_is_placed_between_pixels_only_where_it_is_a_peak() -> None:
+    """The parabola's vertex for a real peak (towards the higher neighbour, at most half a pixel); none for a flat,
+    rising or undefined neighbourhood (matchTemplate scores a flat patch NaN), so a box never becomes NaN."""
+    from pipeline.vision.follow import _peak_offset
+
+    assert _peak_offset(0.5, 1.0, 0.5) == 0.0
+    assert _peak_offset(0.9, 1.0, 0.5) == pytest.approx(-1 / 3)
+    assert _peak_offset(0.5, 1.0, 0.9) == pytest.approx(1 / 3)
+    assert _peak_offset(1.0, 1.0, 1.0) == 0.0
+    assert _peak_offset(float("nan"), 1.0, 0.5) == 0.0
+    assert _peak_offset(0.2, 0.5, 0.9) == 0.0

@@ -57,13 +57,15 @@ def face_template(frame: np.ndarray, box: Box) -> FaceTemplate | None:
 def _peak_offset(before: float, at: float, after: float) -> float:
     """Where a parabola through three neighbouring scores peaks, relative to the middle one (-0.5 to 0.5)."""
     curvature = before - 2.0 * at + after
-    if curvature >= 0:
+    if not np.isfinite(curvature) or curvature >= 0:  # flat or undefined (a flat patch scores NaN): stay put
         return 0.0
     return float(np.clip(0.5 * (before - after) / curvature, -0.5, 0.5))
 
 
 def _subpixel(scores: np.ndarray, bx: int, by: int) -> tuple[float, float]:
-    """The best match's position within its template pixel."""
+    """The best match's position within its template pixel. Why: one template pixel is 4 frame pixels of a 100 px
+    face, and a box off by that much changes the emotion read from it (BENCHMARKS.md, "Followed faces placed between
+    template pixels")."""
     row, col = scores[by], scores[:, bx]
     dx = _peak_offset(row[bx - 1], row[bx], row[bx + 1]) if 0 < bx < len(row) - 1 else 0.0
     dy = _peak_offset(col[by - 1], col[by], col[by + 1]) if 0 < by < len(col) - 1 else 0.0
