@@ -31,7 +31,7 @@ from pipeline.vision.track import IouTracker
 
 if TYPE_CHECKING:
     from pipeline.capture.source_base import VideoSource
-    from pipeline.config.app import AppConfig, CameraConfig
+    from pipeline.config.app import AppConfig, CameraConfig, TrackingConfig
     from pipeline.inference.settings import InferenceConfig
     from pipeline.outputs.base import Sink
     from pipeline.outputs.websocket import EventHub
@@ -166,8 +166,12 @@ def prepare_gpu(cfg: AppConfig) -> None:
 def new_tracker(cfg: AppConfig) -> IouTracker:
     """A camera's tracker; it follows faces between detections when the detector skips frames (detector.interval,
     on both frame paths; by their look too where the frames are on the host)."""
-    t = cfg.tracking
-    follow = cfg.detector.interval > 1
+    return tracker_for(cfg.tracking, follow=cfg.detector.interval > 1)
+
+
+def tracker_for(tracking: TrackingConfig, follow: bool) -> IouTracker:
+    """A tracker with the config's `tracking` section; `follow`: between detections (see new_tracker)."""
+    t = tracking
     return IouTracker(t.iou_threshold, t.max_age_s, t.smoothing_half_life_ms, follow=follow, pose_every=t.pose_every)
 
 

@@ -29,6 +29,7 @@ import numpy as np
 from pipeline.config.app import TrackingConfig, load_config
 from pipeline.core.types import Detection, EmotionScores
 from pipeline.inference.perception import Perception
+from pipeline.service.parts import tracker_for
 from pipeline.tools.bench_engine import video_frames
 from pipeline.tools.bench_pipeline import add_set_arg, with_overrides
 from pipeline.vision.track import IouTracker, box_iou
@@ -99,11 +100,6 @@ def _compare(result: Agreement, followed: tuple[list[Detection], list[EmotionSco
         result.same_smoothed += smoothed[track_id] == ref_smoothed[ref_ids[best]]
 
 
-def _tracker(tracking: TrackingConfig, follow: bool) -> IouTracker:
-    return IouTracker(tracking.iou_threshold, tracking.max_age_s, tracking.smoothing_half_life_ms, follow=follow,
-                      pose_every=tracking.pose_every)
-
-
 def _shifted(perception: Perception, frame: np.ndarray, shift: int) -> tuple[list[Detection], list[EmotionScores]]:
     """The faces of `frame` moved right and down by `shift` pixels (border repeated), their boxes moved back."""
     move = np.array([[1, 0, shift], [0, 1, shift]], dtype=np.float32)
@@ -119,7 +115,7 @@ def compare_intervals(perception: Perception, frames: list[np.ndarray], fps: flo
     """Both ways over `frames` (see the module docstring). The detection frames of the skipping way reuse the
     reference's detection and are charged its cost. `ceiling`: the frames shifted by that many pixels too.
     `tracking`: the config's tracking section (overlap, age, smoothing), as a camera worker's tracker has it."""
-    every, skipping, shifted = (_tracker(tracking or TrackingConfig(), follow) for follow in (False, True, False))
+    every, skipping, shifted = (tracker_for(tracking or TrackingConfig(), follow) for follow in (False, True, False))
     followed = 0  # frames without detection so far (emotion.flip_followed: alternate)
     result = Agreement(frames=len(frames), ceiling=Agreement(frames=len(frames)) if ceiling is not None else None)
     for index, frame in enumerate(frames):
