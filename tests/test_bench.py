@@ -184,4 +184,4 @@ def test_bench_interval_applies_set_to_the_tracking_it_measures(prepared_models:
                    "--log-level", "warning", timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     row = done.stdout.strip().splitlines()[-1].split()
-    assert row[0] == "woman_short.mp4" and row[-3] == row[-2], done.stdout
+    assert row[0] == "woman_short.mp4" and row[-5] == row[-4], done.stdout

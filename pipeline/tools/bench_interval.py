@@ -5,8 +5,11 @@ Every frame is analysed twice, by two trackers fed from one detector: the refere
 detects every Nth and, between, classifies the faces its tracker follows (`IouTracker.predict` with the frame), as a
 camera worker does. On each frame without detection each followed face is compared with the reference's detection it
 overlaps most on the same frame: the box's IoU, and whether the top emotion agrees, per frame and after each
-track's smoothing (what behaviour reads). Faces the detector did not find on that frame cannot be compared and are
-counted apart. CPU: the process time of the two ways of analysing a frame, summed over the video.
+track's smoothing (what behaviour reads), and whether the avatar would show the same emotion for the face ("shown":
+the behaviour mapper's thresholds, hysteresis and dwell applied to each track as if every face were a target;
+nothing shown by both counts as the same; "showing": the same, among the observations where either shows one).
+Faces the detector did not find on that frame cannot be compared and are counted apart. CPU: the process time of
+the two ways of analysing a frame, summed over the video.
 
 `--ceiling PX`: how far the detector agrees with itself, the most any follower can reach. Every frame is also
 analysed shifted by PX pixels (the same picture, as a camera a hair to the side sees it), tracked and smoothed like
@@ -26,7 +29,8 @@ from typing import Any
 import cv2
 import numpy as np
 
-from pipeline.config.app import TrackingConfig, load_config
+from pipeline.behavior.mapper import TargetState, decide
+from pipeline.config.app import BehaviorConfig, TrackingConfig, load_config
 from pipeline.core.types import Detection, EmotionScores
 from pipeline.inference.perception import Perception
 from pipeline.service.parts import tracker_for
@@ -35,7 +39,8 @@ from pipeline.tools.bench_pipeline import add_set_arg, with_overrides
 from pipeline.vision.track import IouTracker, box_iou
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-CEILING_FIGURES = ("iou_at_least_0_8", "emotion_agreement", "smoothed_agreement")  # what --ceiling reports
+CEILING_FIGURES = ("iou_at_least_0_8", "emotion_agreement", "smoothed_agreement", "shown_agreement",
+                   "showing_agreement")  # what --ceiling reports
 
 
 def add_interval_args(parser: argparse.ArgumentParser) -> None:
@@ -57,6 +62,9 @@ class Agreement:
     ious: list[float] = field(default_factory=list)
     same_raw: int = 0
     same_smoothed: int = 0
+    same_shown: int = 0
+    showing: int = 0  # compared observations where either way's avatar shows an emotion for the face
+    same_showing: int = 0
     without_reference: int = 0
     cpu_s: dict[str, float] = field(default_factory=lambda: {"every": 0.0, "interval": 0.0})
     frames: int = 0
@@ -71,6 +79,8 @@ class Agreement:
                 "iou_at_least_0_8": round(float((ious >= 0.8).mean()), 4),
                 "emotion_agreement": round(self.same_raw / compared, 4),
                 "smoothed_agreement": round(self.same_smoothed / compared, 4),
+                "shown_agreement": round(self.same_shown / compared, 4), "showing": self.showing,
+                "showing_agreement": round(self.same_showing / max(self.showing, 1), 4),
                 "cpu_ratio": round(self.cpu_s["interval"] / max(self.cpu_s["every"], 1e-9), 3),
                 **(self.ceiling.as_ceiling() if self.ceiling is not None else {})}
 
@@ -81,14 +91,32 @@ class Agreement:
         return {f"ceiling_{key}": mine[key] for key in CEILING_FIGURES}
 
 
-def _smoothed(tracker: IouTracker, ids: list[int], scores: list[EmotionScores], now: float) -> dict[int, str]:
-    return {track_id: tracker.smooth(track_id, score, now).emotion for track_id, score in zip(ids, scores)}
+@dataclass
+class _Way:
+    """One way of analysing the video: its tracker, and the behaviour mapper's decision state of each of its tracks
+    (every face a target, as `behavior.attention: all`), so that what the avatar would show can be compared too."""
+
+    tracker: IouTracker
+    behavior: BehaviorConfig
+    targets: dict[int, TargetState] = field(default_factory=dict)
+
+    def read(self, ids: list[int], scores: list[EmotionScores], now: float) -> dict[int, tuple[str, str | None]]:
+        """Each track's smoothed top emotion and the emotion the avatar shows for it after this observation."""
+        read = {}
+        for track_id, score in zip(ids, scores):
+            smoothed = self.tracker.smooth(track_id, score, now)
+            state = self.targets.setdefault(track_id, TargetState())
+            decide(state, self.behavior, now, smoothed)
+            read[track_id] = (smoothed.emotion, state.shown)
+        return read
 
 
-def _compare(result: Agreement, followed: tuple[list[Detection], list[EmotionScores], dict[int, str], list[int]],
-             reference: tuple[list[Detection], list[EmotionScores], dict[int, str], list[int]]) -> None:
-    faces, scores, smoothed, ids = followed
-    ref_faces, ref_scores, ref_smoothed, ref_ids = reference
+Analysed = tuple[list[Detection], list[EmotionScores], dict[int, tuple[str, str | None]], list[int]]
+
+
+def _compare(result: Agreement, followed: Analysed, reference: Analysed) -> None:
+    faces, scores, read, ids = followed
+    ref_faces, ref_scores, ref_read, ref_ids = reference
     for face, score, track_id in zip(faces, scores, ids):
         overlaps = [box_iou(face.box, ref.box) for ref in ref_faces]
         best = int(np.argmax(overlaps)) if overlaps else -1
@@ -97,7 +125,12 @@ def _compare(result: Agreement, followed: tuple[list[Detection], list[EmotionSco
             continue
         result.ious.append(overlaps[best])
         result.same_raw += score.emotion == ref_scores[best].emotion
-        result.same_smoothed += smoothed[track_id] == ref_smoothed[ref_ids[best]]
+        (smoothed, shown), (ref_smoothed, ref_shown) = read[track_id], ref_read[ref_ids[best]]
+        result.same_smoothed += smoothed == ref_smoothed
+        result.same_shown += shown == ref_shown
+        if shown is not None or ref_shown is not None:
+            result.showing += 1
+            result.same_showing += shown == ref_shown
 
 
 def _shifted(perception: Perception, frame: np.ndarray, shift: int) -> tuple[list[Detection], list[EmotionScores]]:
@@ -111,40 +144,43 @@ def _shifted(perception: Perception, frame: np.ndarray, shift: int) -> tuple[lis
 
 
 def compare_intervals(perception: Perception, frames: list[np.ndarray], fps: float, interval: int,
-                      ceiling: int | None = None, tracking: TrackingConfig | None = None) -> Agreement:
+                      ceiling: int | None = None, tracking: TrackingConfig | None = None,
+                      behavior: BehaviorConfig | None = None) -> Agreement:
     """Both ways over `frames` (see the module docstring). The detection frames of the skipping way reuse the
     reference's detection and are charged its cost. `ceiling`: the frames shifted by that many pixels too.
-    `tracking`: the config's tracking section (overlap, age, smoothing), as a camera worker's tracker has it."""
-    every, skipping, shifted = (tracker_for(tracking or TrackingConfig(), follow) for follow in (False, True, False))
+    `tracking`: the config's tracking section (overlap, age, smoothing), as a camera worker's tracker has it;
+    `behavior`: the behavior section whose thresholds decide what the avatar shows."""
+    every, skipping, shifted = (_Way(tracker_for(tracking or TrackingConfig(), follow), behavior or BehaviorConfig())
+                                for follow in (False, True, False))
     followed = 0  # frames without detection so far (emotion.flip_followed: alternate)
     result = Agreement(frames=len(frames), ceiling=Agreement(frames=len(frames)) if ceiling is not None else None)
     for index, frame in enumerate(frames):
         now = index / fps
         started = time.process_time()
         faces, scores, _ = perception.analyze(frame)
-        ids = every.update(faces, now)
+        ids = every.tracker.update(faces, now)
         cost = time.process_time() - started
         result.cpu_s["every"] += cost
-        reference = (faces, scores, _smoothed(every, ids, scores, now), ids)
+        reference = (faces, scores, every.read(ids, scores, now), ids)
         started = time.process_time()
         if index % interval == 0:
-            own_ids, own_faces, own_scores = skipping.update(faces, now, frame), faces, scores
+            own_ids, own_faces, own_scores = skipping.tracker.update(faces, now, frame), faces, scores
             result.cpu_s["interval"] += cost
         else:
-            predicted = skipping.predict(now, frame)
+            predicted = skipping.tracker.predict(now, frame)
             own_ids, own_faces = [i for i, _ in predicted], [f for _, f in predicted]
             own_scores = perception.classify_faces(frame, own_faces, 0.0, followed=True, turn=followed)[1]
             followed += 1
         result.cpu_s["interval"] += time.process_time() - started
-        smoothed = _smoothed(skipping, own_ids, own_scores, now)
+        read = skipping.read(own_ids, own_scores, now)
         if result.ceiling is not None and ceiling is not None:
             moved_faces, moved_scores = _shifted(perception, frame, ceiling)
-            moved_ids = shifted.update(moved_faces, now)
+            moved_ids = shifted.tracker.update(moved_faces, now)
+            moved = (moved_faces, moved_scores, shifted.read(moved_ids, moved_scores, now), moved_ids)
             if index % interval:
-                _compare(result.ceiling, (moved_faces, moved_scores,
-                                          _smoothed(shifted, moved_ids, moved_scores, now), moved_ids), reference)
+                _compare(result.ceiling, moved, reference)
         if index % interval:
-            _compare(result, (own_faces, own_scores, smoothed, own_ids), reference)
+            _compare(result, (own_faces, own_scores, read, own_ids), reference)
     return result
 
 
@@ -164,7 +200,8 @@ def bench_interval(args: argparse.Namespace) -> dict[str, Any]:
         rows = []
         for video in args.video:
             frames, fps = frames_of(video)
-            agreement = compare_intervals(perception, frames, fps, args.interval, args.ceiling, config.tracking)
+            agreement = compare_intervals(perception, frames, fps, args.interval, args.ceiling, config.tracking,
+                                          config.behavior)
             rows.append({"video": video.name, "interval": args.interval, **agreement.summary(),
                          **({"ceiling_shift_px": args.ceiling} if args.ceiling is not None else {})})
     finally:
@@ -175,13 +212,14 @@ def bench_interval(args: argparse.Namespace) -> dict[str, Any]:
 def print_interval_table(result: dict[str, Any]) -> None:
     print(f"detector every Nth frame vs every frame, emotion model {result['model']}")
     print(f"{'video':22} {'N':>2} {'frames':>6} {'compared':>8} {'no ref':>6} {'IoU min':>7} {'p5':>6} "
-          f"{'median':>6} {'>=0.8':>6} {'emotion':>7} {'smoothed':>8} {'CPU x':>6}")
+          f"{'median':>6} {'>=0.8':>6} {'emotion':>7} {'smoothed':>8} {'shown':>6} {'showing':>7} {'CPU x':>6}")
     for row in result["rows"]:
         print(f"{row['video']:22} {row['interval']:>2} {row['frames']:>6} {row['compared']:>8} "
               f"{row['without_reference']:>6} {row['iou_min']:>7} {row['iou_p5']:>6} {row['iou_median']:>6} "
               f"{row['iou_at_least_0_8']:>6} {row['emotion_agreement']:>7} {row['smoothed_agreement']:>8} "
-              f"{row['cpu_ratio']:>6}")
+              f"{row['shown_agreement']:>6} {row['showing_agreement']:>7} {row['cpu_ratio']:>6}")
         if "ceiling_iou_at_least_0_8" in row:
             print(f"{'  ceiling: the detector, frame shifted ' + str(row['ceiling_shift_px']) + ' px':76} "
                   f"{row['ceiling_iou_at_least_0_8']:>6} {row['ceiling_emotion_agreement']:>7} "
-                  f"{row['ceiling_smoothed_agreement']:>8}")
+                  f"{row['ceiling_smoothed_agreement']:>8} {row['ceiling_shown_agreement']:>6} "
+                  f"{row['ceiling_showing_agreement']:>7}")
