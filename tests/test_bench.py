@@ -178,10 +178,19 @@ def test_a_bad_set_is_named_before_anything_runs(setting: str, message: str) -> 
 
 
 def test_bench_interval_applies_set_to_the_tracking_it_measures(prepared_models: None) -> None:
-    """--set reaches the trackers `bench interval` compares: without smoothing the smoothed agreement is the raw one."""
+    """--set reaches the trackers `bench interval` compares: without smoothing the smoothed agreement is the raw one;
+    a list of intervals gives a row for each."""
     video = data_path("video", "woman_short.mp4")
     done = run_cli("bench", "interval", "--video", str(video), "--set", "tracking.smoothing_half_life_ms=0",
-                   "--log-level", "warning", timeout=180)
+                   "--interval", "2,4", "--log-level", "warning", timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
-    row = done.stdout.strip().splitlines()[-1].split()
-    assert row[0] == "woman_short.mp4" and row[-5] == row[-4], done.stdout
+    rows = [line.split() for line in done.stdout.strip().splitlines()[-2:]]
+    assert [row[:2] for row in rows] == [["woman_short.mp4", "2"], ["woman_short.mp4", "4"]], done.stdout
+    assert all(row[-6] == row[-5] for row in rows), done.stdout
+
+
+def test_bench_interval_names_a_bad_interval() -> None:
+    """1 is the reference itself, so `--interval` takes 2 or more: exit 2 with the value named, no traceback."""
+    done = run_cli("bench", "interval", "--video", "clip.mp4", "--interval", "3,1", timeout=60)
+    assert done.returncode == 2 and "'3,1': give whole numbers of 2 or more" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr

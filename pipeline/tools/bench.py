@@ -42,7 +42,8 @@ EXAMPLES = {
   run_pipeline.py bench pipeline --video clip.mp4 --cameras 8 --fps 15 --detector-input 320x256 --plot p.png""",
     "interval": """examples:
   run_pipeline.py bench interval --video ../shared/data/video/woman2.mp4 --video ../shared/data/video/group_1080p.mp4
-  run_pipeline.py bench interval --video clip.mp4 --interval 5 --json interval.json""",
+  run_pipeline.py bench interval --video clip.mp4 --interval 5 --json interval.json
+  run_pipeline.py bench interval --video ../shared/data/video/group_1080p.mp4 --interval 2,3,4,6""",
     "memory": """examples:
   run_pipeline.py bench memory --video group_1080p.mp4 --cameras 8 --device cuda --precision fp16 --decode gpu
   run_pipeline.py bench memory --video clip.mp4 --cameras 32 --device cuda --set inference.cudnn_max_workspace=false""",

@@ -7,7 +7,9 @@ camera worker does. On each frame without detection each followed face is compar
 overlaps most on the same frame: the box's IoU, and whether the top emotion agrees, per frame and after each
 track's smoothing (what behaviour reads), and whether the avatar would show the same emotion for the face ("shown":
 the behaviour mapper's thresholds, hysteresis and dwell applied to each track as if every face were a target;
-nothing shown by both counts as the same; "showing": the same, among the observations where either shows one).
+nothing shown by both counts as the same; "showing": the same, among the observations where either shows one;
+"tracks": for how many of the followed tracks the avatar showed another emotion at least once: the mapper decides
+per track and holds its decision, so on a short clip a few tracks make the figure).
 Faces the detector did not find on that frame cannot be compared and are counted apart. CPU: the process time of
 the two ways of analysing a frame, summed over the video.
 
@@ -40,13 +42,25 @@ from pipeline.vision.track import IouTracker, box_iou
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CEILING_FIGURES = ("iou_at_least_0_8", "emotion_agreement", "smoothed_agreement", "shown_agreement",
-                   "showing_agreement")  # what --ceiling reports
+                   "showing_agreement", "tracks", "tracks_shown_differently")  # what --ceiling reports
+
+
+def interval_list(text: str) -> list[int]:
+    """--interval's value: one N or a comma-separated list, each at least 2 (1 is the reference itself)."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers of 2 or more, e.g. 3 or 2,3,5")
+    return values
 
 
 def add_interval_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--video", type=Path, action="append", required=True, metavar="FILE",
                         help="video file, every frame analysed both ways; repeatable")
-    parser.add_argument("--interval", type=int, default=3, help="detect every Nth frame (default 3)")
+    parser.add_argument("--interval", type=interval_list, default=[3], metavar="N[,N...]",
+                        help="detect every Nth frame (default 3); a list (2,3,5) compares each with every frame")
     parser.add_argument("--config", type=Path, default=PROJECT_ROOT / "config" / "default.yaml")
     parser.add_argument("--json", type=Path, default=None)
     add_set_arg(parser)
@@ -65,6 +79,8 @@ class Agreement:
     same_shown: int = 0
     showing: int = 0  # compared observations where either way's avatar shows an emotion for the face
     same_showing: int = 0
+    tracks: set[int] = field(default_factory=set)  # the followed tracks compared
+    tracks_shown_differently: set[int] = field(default_factory=set)  # ... of which the avatar showed another emotion
     without_reference: int = 0
     cpu_s: dict[str, float] = field(default_factory=lambda: {"every": 0.0, "interval": 0.0})
     frames: int = 0
@@ -81,6 +97,7 @@ class Agreement:
                 "smoothed_agreement": round(self.same_smoothed / compared, 4),
                 "shown_agreement": round(self.same_shown / compared, 4), "showing": self.showing,
                 "showing_agreement": round(self.same_showing / max(self.showing, 1), 4),
+                "tracks": len(self.tracks), "tracks_shown_differently": len(self.tracks_shown_differently),
                 "cpu_ratio": round(self.cpu_s["interval"] / max(self.cpu_s["every"], 1e-9), 3),
                 **(self.ceiling.as_ceiling() if self.ceiling is not None else {})}
 
@@ -128,6 +145,9 @@ def _compare(result: Agreement, followed: Analysed, reference: Analysed) -> None
         (smoothed, shown), (ref_smoothed, ref_shown) = read[track_id], ref_read[ref_ids[best]]
         result.same_smoothed += smoothed == ref_smoothed
         result.same_shown += shown == ref_shown
+        result.tracks.add(track_id)
+        if shown != ref_shown:
+            result.tracks_shown_differently.add(track_id)
         if shown is not None or ref_shown is not None:
             result.showing += 1
             result.same_showing += shown == ref_shown
@@ -200,10 +220,11 @@ def bench_interval(args: argparse.Namespace) -> dict[str, Any]:
         rows = []
         for video in args.video:
             frames, fps = frames_of(video)
-            agreement = compare_intervals(perception, frames, fps, args.interval, args.ceiling, config.tracking,
-                                          config.behavior)
-            rows.append({"video": video.name, "interval": args.interval, **agreement.summary(),
-                         **({"ceiling_shift_px": args.ceiling} if args.ceiling is not None else {})})
+            for interval in args.interval:
+                agreement = compare_intervals(perception, frames, fps, interval, args.ceiling, config.tracking,
+                                              config.behavior)
+                rows.append({"video": video.name, "interval": interval, **agreement.summary(),
+                             **({"ceiling_shift_px": args.ceiling} if args.ceiling is not None else {})})
     finally:
         perception.close()
     return {"mode": "interval", "model": perception.classifier.model.name, "rows": rows}
@@ -212,14 +233,17 @@ def bench_interval(args: argparse.Namespace) -> dict[str, Any]:
 def print_interval_table(result: dict[str, Any]) -> None:
     print(f"detector every Nth frame vs every frame, emotion model {result['model']}")
     print(f"{'video':22} {'N':>2} {'frames':>6} {'compared':>8} {'no ref':>6} {'IoU min':>7} {'p5':>6} "
-          f"{'median':>6} {'>=0.8':>6} {'emotion':>7} {'smoothed':>8} {'shown':>6} {'showing':>7} {'CPU x':>6}")
+          f"{'median':>6} {'>=0.8':>6} {'emotion':>7} {'smoothed':>8} {'shown':>6} {'showing':>7} {'tracks':>6} "
+          f"{'CPU x':>6}")
     for row in result["rows"]:
         print(f"{row['video']:22} {row['interval']:>2} {row['frames']:>6} {row['compared']:>8} "
               f"{row['without_reference']:>6} {row['iou_min']:>7} {row['iou_p5']:>6} {row['iou_median']:>6} "
               f"{row['iou_at_least_0_8']:>6} {row['emotion_agreement']:>7} {row['smoothed_agreement']:>8} "
-              f"{row['shown_agreement']:>6} {row['showing_agreement']:>7} {row['cpu_ratio']:>6}")
+              f"{row['shown_agreement']:>6} {row['showing_agreement']:>7} "
+              f"{str(row['tracks_shown_differently']) + '/' + str(row['tracks']):>6} {row['cpu_ratio']:>6}")
         if "ceiling_iou_at_least_0_8" in row:
             print(f"{'  ceiling: the detector, frame shifted ' + str(row['ceiling_shift_px']) + ' px':76} "
                   f"{row['ceiling_iou_at_least_0_8']:>6} {row['ceiling_emotion_agreement']:>7} "
                   f"{row['ceiling_smoothed_agreement']:>8} {row['ceiling_shown_agreement']:>6} "
-                  f"{row['ceiling_showing_agreement']:>7}")
+                  f"{row['ceiling_showing_agreement']:>7} "
+                  f"{str(row['ceiling_tracks_shown_differently']) + '/' + str(row['ceiling_tracks']):>6}")
