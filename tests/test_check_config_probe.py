@@ -247,3 +247,31 @@ def test_the_detector_on_every_frame_of_too_many_cameras_a_gpu_is_advised(tmp_pa
     config.write_text(config.read_text().replace("device: cuda", "device: cpu"))
     config.write_text(config.read_text().replace("detector: {interval: 3}\n", ""))
     assert not advice({"CUDA_VISIBLE_DEVICES": "0"})
+
+
+def test_many_cameras_a_gpu_on_frame_graphs_launched_node_by_node_are_advised_cuda_graphs(tmp_path: Path) -> None:
+    """Past 96 enabled cameras a GPU on the frame graphs path with inference.cuda_graphs off, check-config suggests
+    it (at 150 cameras the lanes took 2.6-2.8 cores that way, 1.2-1.3 replayed; BENCHMARKS.md round 16); counted
+    over the GPUs the groups spread over, and not with cuda_graphs on, on the OpenCV frame path or on the CPU."""
+    cameras = "".join(f"  - {{name: cam{i}, source: demo{', enabled: false' if i >= 100 else ''}}}\n"
+                      for i in range(104))
+    config = tmp_path / "many.yaml"
+    inference = "{device: cuda, processes: 4}"
+    config.write_text(f"cameras:\n{cameras}detector: {{interval: 3}}\ninference: {inference}\n"
+                      "server: {enabled: false}\n")
+
+    def advice(env: dict[str, str]) -> list[str]:
+        done = run_cli("check-config", str(config), env={"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path), **env},
+                       timeout=60)
+        assert done.returncode == 0, done.stderr
+        return [line for line in done.stderr.splitlines() if "warning: inference.cuda_graphs:" in line]
+
+    one_gpu = advice({"CUDA_VISIBLE_DEVICES": "0"})
+    assert one_gpu and "100 cameras on 1 GPU(s), 100 a GPU" in one_gpu[0], one_gpu
+    assert "consider cuda_graphs: true" in one_gpu[0]
+    assert not advice({"CUDA_VISIBLE_DEVICES": "0,1"})  # 50 a GPU
+    for other in ("{device: cuda, processes: 4, cuda_graphs: true}", "{device: cuda, processes: 4, frame_path: opencv}",
+                  "{device: cpu, processes: 4}"):
+        config.write_text(config.read_text().replace(inference, other))
+        inference = other
+        assert not advice({"CUDA_VISIBLE_DEVICES": "0"}), other

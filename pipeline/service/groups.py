@@ -76,6 +76,8 @@ MPS_PIPE_DEFAULT = "/tmp/nvidia-mps"  # where MPS's control daemon and its clien
 CAMERAS_PER_GROUP = 32  # 1080p x 25 fps cameras one process analysed every frame of, H200 (BENCHMARKS.md)
 CAMERAS_PER_GPU_EVERY_FRAME = 64  # ... one H200 analysed every frame of with the detector on every frame (round 13:
 # 96 gave 78 %)
+CAMERAS_PER_GPU_UNCAPTURED = 96  # past this a GPU's lanes launching the frame graphs node by node cost cores that
+# inference.cuda_graphs saves (150 cameras: 1.2-1.3 lane cores instead of 2.6-2.8, BENCHMARKS.md round 16)
 # BatchStats' recent lists and the counter each grows with: one entry per batch, or per item for the queue wait.
 _RECENT = {"batch_sizes": "batches", "recent_compute_ms": "batches", "recent_queue_ms": "items"}
 
@@ -126,6 +128,22 @@ def detector_interval_advice(cameras: Sequence[CameraConfig], interval: int, inf
             f"analysed 78 % of the frames of 96 cameras of 1080p at 25 fps that way, and every frame of 150 with "
             f"interval: 3 and emotion.model: dlibface_student64; consider interval: 3 (README, \"Many cameras: what "
             f"to tune\")")
+
+
+def cuda_graphs_advice(cameras: Sequence[CameraConfig], inference: InferenceConfig, gpus: int = 1) -> str | None:
+    """Advice when `gpus` GPUs run the frame graphs node by node (inference.cuda_graphs off) for more than
+    CAMERAS_PER_GPU_UNCAPTURED cameras a GPU, where the lanes' kernel launches are the CPU that replaying them as
+    CUDA graphs saves. None on the CPU, on the OpenCV frame path, with cuda_graphs on, or for fewer cameras."""
+    if inference.device != "cuda" or not inference.graph_frames or inference.cuda_graphs:
+        return None
+    enabled = sum(1 for cam in cameras if cam.enabled)
+    per_gpu = -(-enabled // max(1, gpus))
+    if per_gpu <= CAMERAS_PER_GPU_UNCAPTURED:
+        return None
+    return (f"{enabled} cameras on {gpus} GPU(s), {per_gpu} a GPU, with the frame graphs launched node by node: at "
+            f"150 cameras of 1080p their lanes took 2.6-2.8 CPU cores that way and 1.2-1.3 replayed as CUDA graphs "
+            f"(7.8-8.4 cores in all against 6.2-7.1, ~0.4 GB more GPU memory a camera group); consider "
+            f"cuda_graphs: true if the host's cores are the limit (README, \"Many cameras: what to tune\")")
 
 
 def gpus_in_use(inference: InferenceConfig, visible: Sequence[str]) -> int:

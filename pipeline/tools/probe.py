@@ -6,11 +6,11 @@ fast and must not take a camera away from a daemon that is running:
 - quick (`check-config PATH`, the default) looks without opening anything: a video file or a /dev/videoN (a USB
   camera index N) that does not exist, `inference.device: cuda|tensorrt` when this onnxruntime lacks the provider
   (or `backend: tensorrt` without its packages), camera groups on a GPU without NVIDIA's MPS running, more cameras
-  on a process or a GPU than it keeps up with (advice: camera groups, `detector.interval: 3`), a model
-  without a manifest, and an int8 model file that was never prepared (the daemon cannot make one at start: int8
-  needs calibration images). These are *warnings*, the exit
-  stays 0: the file is valid, a camera may be plugged in or a file mounted after the check (the daemon keeps
-  retrying cameras), and a file is often checked on another machine than the one that runs it.
+  on a process or a GPU than it keeps up with (advice: camera groups, `detector.interval: 3`,
+  `inference.cuda_graphs`), a model without a manifest, and an int8 model file that was never prepared (the daemon
+  cannot make one at start: int8 needs calibration images). These are *warnings*, the exit stays 0: the file is
+  valid, a camera may be plugged in or a file mounted after the check (the daemon keeps retrying cameras), and a
+  file is often checked on another machine than the one that runs it.
 - probe (`check-config --probe PATH`) opens each enabled camera once, as the daemon would (`open_source`, one frame
   read, closed; all cameras at once, bounded by one time-out) and loads each model's prepared file in the configured
   backend, device and precision (ONNX Runtime with the configured provider; nothing is prepared or downloaded, and a
@@ -79,24 +79,28 @@ def quick_findings(cfg: AppConfig) -> list[Finding]:
             findings.append(Finding(f"cameras[{index}].source", f"{problem}; the daemon would keep retrying it"))
     findings += device_findings(cfg.inference)
     # imported here: the quick check runs before every start, and needs no camera or model code otherwise
-    from pipeline.service.groups import (
-        crowded_process,
-        detector_interval_advice,
-        gpus_in_use,
-        mps_problem,
-        visible_gpus,
-    )
+    from pipeline.service.groups import crowded_process, mps_problem
 
     for problem in (mps_problem(cfg.inference), crowded_process(cfg.cameras, cfg.inference)):
         if problem:
             findings.append(Finding("inference.processes", problem))
-    if cfg.inference.device != "cpu" and cfg.detector.interval == 1:  # else no advice: skip asking nvidia-smi
-        gpus = gpus_in_use(cfg.inference, visible_gpus() if cfg.inference.processes > 1 else [])
-        advice = detector_interval_advice(cfg.cameras, cfg.detector.interval, cfg.inference, gpus)
-        if advice:
-            findings.append(Finding("detector.interval", advice))
+    findings += gpu_load_advice(cfg)
     findings += model_file_findings(cfg)
     return findings
+
+
+def gpu_load_advice(cfg: AppConfig) -> list[Finding]:
+    """Advice for many cameras a GPU: the detector on every frame, the frame graphs launched node by node."""
+    from pipeline.service.groups import cuda_graphs_advice, detector_interval_advice, gpus_in_use, visible_gpus
+
+    inference = cfg.inference
+    uncaptured = inference.device == "cuda" and inference.graph_frames and not inference.cuda_graphs
+    if inference.device == "cpu" or (cfg.detector.interval > 1 and not uncaptured):
+        return []  # no advice can apply: skip asking nvidia-smi for the GPUs
+    gpus = gpus_in_use(inference, visible_gpus() if inference.processes > 1 else [])
+    advice = [("detector.interval", detector_interval_advice(cfg.cameras, cfg.detector.interval, inference, gpus)),
+              ("inference.cuda_graphs", cuda_graphs_advice(cfg.cameras, inference, gpus))]
+    return [Finding(key, text) for key, text in advice if text]
 
 
 def source_absence(cam: CameraConfig) -> str | None:
