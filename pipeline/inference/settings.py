@@ -297,8 +297,11 @@ class InferenceConfig(StrictModel):
                               "instead of one per node, which is most of a lane's CPU. The detector is captured "
                               "without its NonMaxSuppression (run as before), and every captured size keeps its "
                               "own input and output buffers and its own memory arena on the GPU (outside "
-                              "gpu_memory_limit_mb). Experimental and off by default: "
-                              "not yet measured on a GPU (BENCHMARKS.md, round 16, has the commands).")
+                              "gpu_memory_limit_mb). On an H100's host at 150 cameras (5 groups): 6.2-7.1 CPU "
+                              "cores instead of 7.8-8.4, the same frames and latency, 2 GB more GPU memory "
+                              "(~0.4 GB a group; BENCHMARKS.md, round 16). Off by default for that memory; turn "
+                              "it on where the host's cores are the limit (check-config advises it past 96 "
+                              "cameras a GPU).")
     gpu_wait: Literal["block", "spin", "auto"] = Field("block", description="device cuda or tensorrt: how a "
                                                       "thread waits for the GPU inside ONNX Runtime, TensorRT and "
                                                       "NVDEC (results copied back, a decoded frame mapped). block: "
