@@ -60,7 +60,7 @@ def test_invalid_fixture_reports_line_and_key(path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "env"),
     [("default.yaml", {}), ("examples/kiosk-webcam.yaml", {}), ("examples/gpu-8-rtsp.yaml", EXAMPLE_ENV),
-     ("examples/gpu-64-cameras.yaml", EXAMPLE_ENV)],
+     ("examples/gpu-64-cameras.yaml", EXAMPLE_ENV), ("examples/gpu-150-cameras.yaml", EXAMPLE_ENV)],
 )
 def test_shipped_configs_load(name: str, env: dict[str, str]) -> None:
     config = load_config(ROOT / "config" / name, env=env)
