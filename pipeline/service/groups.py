@@ -112,38 +112,39 @@ def crowded_process(cameras: Sequence[CameraConfig], inference: InferenceConfig)
             f"{wanted} with MPS running (README, \"Many cameras: what to tune\")")
 
 
+def crowded_gpus(cameras: Sequence[CameraConfig], gpus: int, most: int) -> str | None:
+    """The opening of each many-cameras advice, `N cameras on G GPU(s), P a GPU`, when the busiest of `gpus` GPUs
+    (groups spread evenly) carries more than `most` enabled cameras; else None."""
+    enabled = sum(1 for cam in cameras if cam.enabled)
+    per_gpu = -(-enabled // max(1, gpus))
+    return f"{enabled} cameras on {gpus} GPU(s), {per_gpu} a GPU" if per_gpu > most else None
+
+
 def detector_interval_advice(cameras: Sequence[CameraConfig], interval: int, inference: InferenceConfig,
                              gpus: int = 1) -> str | None:
     """Advice when `gpus` GPUs would run the detector on every frame (detector.interval 1) of more cameras than
     one keeps up with: an H200 analysed 78 % of the frames of 96 cameras of 1080p at 25 fps at interval 1, and
     every frame of 150 at interval 3 (the student model, BENCHMARKS.md rounds 9 and 13). None on the CPU, with
     interval > 1, or at most CAMERAS_PER_GPU_EVERY_FRAME cameras a GPU."""
-    if inference.device == "cpu" or interval > 1:
+    crowd = crowded_gpus(cameras, gpus, CAMERAS_PER_GPU_EVERY_FRAME)
+    if inference.device == "cpu" or interval > 1 or crowd is None:
         return None
-    enabled = sum(1 for cam in cameras if cam.enabled)
-    per_gpu = -(-enabled // max(1, gpus))
-    if per_gpu <= CAMERAS_PER_GPU_EVERY_FRAME:
-        return None
-    return (f"{enabled} cameras on {gpus} GPU(s), {per_gpu} a GPU, with the detector on every frame: one H200 "
-            f"analysed 78 % of the frames of 96 cameras of 1080p at 25 fps that way, and every frame of 150 with "
-            f"interval: 3 and emotion.model: dlibface_student64; consider interval: 3 (README, \"Many cameras: what "
-            f"to tune\")")
+    return (f"{crowd}, with the detector on every frame: one H200 analysed 78 % of the frames of 96 cameras of "
+            f"1080p at 25 fps that way, and every frame of 150 with interval: 3 and emotion.model: "
+            f"dlibface_student64; consider interval: 3 (README, \"Many cameras: what to tune\")")
 
 
 def cuda_graphs_advice(cameras: Sequence[CameraConfig], inference: InferenceConfig, gpus: int = 1) -> str | None:
     """Advice when `gpus` GPUs run the frame graphs node by node (inference.cuda_graphs off) for more than
     CAMERAS_PER_GPU_UNCAPTURED cameras a GPU, where the lanes' kernel launches are the CPU that replaying them as
     CUDA graphs saves. None on the CPU, on the OpenCV frame path, with cuda_graphs on, or for fewer cameras."""
-    if inference.device != "cuda" or not inference.graph_frames or inference.cuda_graphs:
+    crowd = crowded_gpus(cameras, gpus, CAMERAS_PER_GPU_UNCAPTURED)
+    if inference.device != "cuda" or not inference.graph_frames or inference.cuda_graphs or crowd is None:
         return None
-    enabled = sum(1 for cam in cameras if cam.enabled)
-    per_gpu = -(-enabled // max(1, gpus))
-    if per_gpu <= CAMERAS_PER_GPU_UNCAPTURED:
-        return None
-    return (f"{enabled} cameras on {gpus} GPU(s), {per_gpu} a GPU, with the frame graphs launched node by node: at "
-            f"150 cameras of 1080p their lanes took 2.6-2.8 CPU cores that way and 1.2-1.3 replayed as CUDA graphs "
-            f"(7.8-8.4 cores in all against 6.2-7.1, ~0.4 GB more GPU memory a camera group); consider "
-            f"cuda_graphs: true if the host's cores are the limit (README, \"Many cameras: what to tune\")")
+    return (f"{crowd}, with the frame graphs launched node by node: at 150 cameras of 1080p their lanes took "
+            f"2.6-2.8 CPU cores that way and 1.2-1.3 replayed as CUDA graphs (7.8-8.4 cores in all against 6.2-7.1, "
+            f"~0.4 GB more GPU memory a camera group); consider cuda_graphs: true if the host's cores are the limit "
+            f"(README, \"Many cameras: what to tune\")")
 
 
 def gpus_in_use(inference: InferenceConfig, visible: Sequence[str]) -> int:
