@@ -171,8 +171,8 @@ def new_tracker(cfg: AppConfig) -> IouTracker:
 
 def tracker_for(tracking: TrackingConfig, follow: bool) -> IouTracker:
     """A tracker with the config's `tracking` section; `follow`: between detections (see new_tracker)."""
-    t = tracking
-    return IouTracker(t.iou_threshold, t.max_age_s, t.smoothing_half_life_ms, follow=follow, pose_every=t.pose_every)
+    return IouTracker(tracking.iou_threshold, tracking.max_age_s, tracking.smoothing_half_life_ms, follow=follow,
+                      pose_every=tracking.pose_every)
 
 
 def label_sinks(sinks: list[Sink]) -> list[tuple[str, Sink]]:

@@ -94,9 +94,8 @@ def gpu_load_advice(cfg: AppConfig) -> list[Finding]:
     from pipeline.service.groups import cuda_graphs_advice, detector_interval_advice, gpus_in_use, visible_gpus
 
     inference = cfg.inference
-    uncaptured = inference.device == "cuda" and inference.graph_frames and not inference.cuda_graphs
-    if inference.device == "cpu" or (cfg.detector.interval > 1 and not uncaptured):
-        return []  # no advice can apply: skip asking nvidia-smi for the GPUs
+    if inference.device == "cpu":
+        return []  # no advice applies: skip asking nvidia-smi for the GPUs
     gpus = gpus_in_use(inference, visible_gpus() if inference.processes > 1 else [])
     advice = [("detector.interval", detector_interval_advice(cfg.cameras, cfg.detector.interval, inference, gpus)),
               ("inference.cuda_graphs", cuda_graphs_advice(cfg.cameras, inference, gpus))]
