@@ -69,6 +69,16 @@ def test_the_avatar_shows_a_followed_crowd_what_it_shows_with_every_frame_detect
     assert row["shown_agreement"] >= 0.9 and row["showing_agreement"] >= 0.85, row
 
 
+def test_the_crowds_smoothed_disagreements_lie_mostly_on_faces_the_classifier_finds_ambiguous(agreement: dict) -> None:
+    """group_1080p.mp4: where every-frame detection reads a face clearly (its smoothed top two emotions at least 0.1
+    apart, 208 of 303 observations when measured), the followed faces' smoothed top emotion agrees on 95.2 %, against
+    90.4 % over all observations: most disagreements are near-ties that a crop a pixel off may swap (the detector on
+    the frame shifted by 2 px: 97.5 % on clear readings, 85.9 % on all; BENCHMARKS.md)."""
+    row = agreement["group_1080p.mp4"]
+    assert 150 <= row["clear"] < row["compared"], row
+    assert row["clear_agreement"] >= 0.93 and row["clear_agreement"] > row["smoothed_agreement"], row
+
+
 def test_interval_is_validated(tmp_path: Path) -> None:
     from pipeline.config.app import load_config
 
