@@ -177,6 +177,42 @@ def test_faces_and_emotions_agree_with_cpu_decoding(perception: object) -> None:
     assert same_top >= 0.9 * faces
 
 
+@pytest.mark.gpu
+@needs_nvdec
+def test_faces_on_nvdec_frames_are_followed_by_look_from_windows_as_on_their_host_copies(perception: object) -> None:
+    """tracking.follow_by look on frames that stay on the GPU: a window of an NVDEC frame is the same pixels as that
+    part of the frame copied down whole, and the crowd's faces are found where the host copies put them."""
+    from pipeline.capture.nvdec import NvdecSource
+    from pipeline.vision.track import IouTracker
+
+    source = NvdecSource(str(data_path("video", "group_1080p.mp4")), "test", keep_on_device=True)
+    frames = []
+    try:
+        for _ in range(6):  # at most DevicePool.MAX_BUFFERS frames of one camera can be held at once
+            source.grab(1.0)
+            frames.append(source.retrieve())
+    finally:
+        source.close()  # the frames still held keep their buffers until dropped
+    hosts = [frame.to_host() for frame in frames]
+    assert np.array_equal(frames[0].window(101, 37, 357, 211), hosts[0][37:211, 101:357])
+    with pytest.raises(ValueError, match="not inside"):
+        frames[0].window(-1, 0, 10, 10)
+    faces = perception.analyze(hosts[0])[0]  # type: ignore[attr-defined]
+    assert len(faces) >= 3
+    on_gpu, on_host, by_motion = (IouTracker(follow=True, follow_by=way) for way in ("look", "look", "motion"))
+    for tracker, first in ((on_gpu, frames[0]), (on_host, hosts[0]), (by_motion, hosts[0])):
+        tracker.update(faces, 0.0, tracker.searchable(first))
+    moved_by_look = 0
+    for index in range(1, len(frames)):
+        now = index / 25.0
+        gpu_boxes = [face.box for _, face in on_gpu.predict(now, on_gpu.searchable(frames[index]))]
+        host_boxes = [face.box for _, face in on_host.predict(now, on_host.searchable(hosts[index]))]
+        motion_boxes = [face.box for _, face in by_motion.predict(now, by_motion.searchable(hosts[index]))]
+        assert gpu_boxes == host_boxes, index
+        moved_by_look += sum(a != b for a, b in zip(host_boxes, motion_boxes))
+    assert moved_by_look > 0  # the look moved some face off its motion's guess: the windows were searched
+
+
 # ---------------------------------------------------------------- the frame pools' ledger (everywhere)
 
 class _CudaRuntimeStandIn:

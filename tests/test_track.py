@@ -334,3 +334,83 @@ def test_the_match_s_peak_is_placed_between_pixels_only_where_it_is_a_peak() -> 
     assert _peak_offset(1.0, 1.0, 1.0) == 0.0
     assert _peak_offset(float("nan"), 1.0, 0.5) == 0.0
     assert _peak_offset(0.2, 0.5, 0.9) == 0.0
+
+
+class _WindowedFrame:
+    """A frame as the GPU frame path holds it (a core.types.DeviceImage), its pixels kept here in host memory: the GPU
+    is a boundary these tests cannot have (tests/test_nvdec.py runs NVDEC's own on one). It records the windows read
+    and refuses the whole-frame copy, so a test sees that following asks for windows alone."""
+
+    def __init__(self, bgr: np.ndarray) -> None:
+        self._bgr = bgr
+        self.windows: list[tuple[int, int, int, int]] = []
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        height, width, channels = self._bgr.shape
+        return height, width, channels
+
+    @property
+    def order(self) -> str:
+        return "rgb"
+
+    @property
+    def ptr(self) -> int:
+        raise AssertionError("following never reads the frame's device memory directly")
+
+    def to_host(self) -> np.ndarray:
+        raise AssertionError("following copies windows, never the whole frame")
+
+    def window(self, x1: int, y1: int, x2: int, y2: int) -> np.ndarray:
+        self.windows.append((x1, y1, x2, y2))
+        return self._bgr[y1:y2, x1:x2].copy()
+
+
+def _jumping_patch() -> tuple[np.ndarray, np.ndarray]:
+    """Two 240x320 frames: a textured 48x60 patch at (100, 100), then 24 px right and 4 down."""
+    patch = np.random.default_rng(3).integers(0, 255, (60, 48, 3), dtype=np.uint8)
+    frame0, frame1 = np.full((240, 320, 3), 90, np.uint8), np.full((240, 320, 3), 90, np.uint8)
+    frame0[100:160, 100:148] = patch
+    frame1[104:164, 124:172] = patch
+    return frame0, frame1
+
+
+def test_which_frames_a_follower_searches_follows_tracking_follow_by() -> None:
+    """auto searches host frames and leaves frames on the GPU to the motion; look searches both; motion neither;
+    a tracker that does not follow (every frame detected) never keeps a face's look."""
+    host, device = np.zeros((8, 8, 3), np.uint8), _WindowedFrame(np.zeros((8, 8, 3), np.uint8))
+    expected = {"auto": (host, None), "look": (host, device), "motion": (None, None)}
+    for follow_by, (on_host, on_device) in expected.items():
+        tracker = IouTracker(follow=True, follow_by=follow_by)  # type: ignore[arg-type]
+        assert tracker.searchable(host) is on_host and tracker.searchable(device) is on_device, follow_by
+    assert IouTracker(follow=False, follow_by="look").searchable(host) is None
+
+
+def test_a_face_on_a_gpu_frame_is_found_from_windows_as_on_the_host() -> None:
+    """tracking.follow_by look on frames that stay on the GPU: the face's template and its search area come down as
+    windows (two here, each well under the frame), and the face is found exactly where the host frame puts it."""
+    frame0, frame1 = _jumping_patch()
+    found = []
+    for wrap in (lambda bgr: bgr, _WindowedFrame):
+        tracker = IouTracker(follow=True, follow_by="look")
+        first, second = wrap(frame0), wrap(frame1)
+        tracker.update([face(100, 100, 148, 160)], 0.0, tracker.searchable(first))
+        ((_, moved_to),) = tracker.predict(DT, tracker.searchable(second))
+        found.append(moved_to.box)
+    assert found[1] == found[0]
+    assert found[0] == pytest.approx((124.0, 104.0, 172.0, 164.0), abs=2.5)
+    window = _WindowedFrame(frame1)
+    tracker = IouTracker(follow=True, follow_by="look")
+    tracker.update([face(100, 100, 148, 160)], 0.0, _WindowedFrame(frame0))
+    tracker.predict(DT, window)
+    ((x1, y1, x2, y2),) = window.windows
+    assert (x2 - x1) * (y2 - y1) < 0.2 * 240 * 320
+
+
+def test_following_by_motion_alone_ignores_the_frame() -> None:
+    """follow_by motion: the same patch is not searched for; the face stays where its motion puts it."""
+    frame0, frame1 = _jumping_patch()
+    tracker = IouTracker(follow=True, follow_by="motion")
+    tracker.update([face(100, 100, 148, 160)], 0.0, tracker.searchable(frame0))
+    ((_, guessed),) = tracker.predict(DT, tracker.searchable(frame1))
+    assert guessed.box == pytest.approx((100.0, 100.0, 148.0, 160.0))

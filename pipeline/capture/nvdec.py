@@ -361,6 +361,15 @@ class DevicePool:
         self._cuda("cudaMemcpy (frame to the host)", runtime.cudaMemcpy(
             host.ctypes.data, buffer, min(host.nbytes, self.nbytes), runtime.cudaMemcpyKind.cudaMemcpyDeviceToHost))
 
+    def download_window(self, buffer: int, row_bytes: int, x1: int, y1: int, host: np.ndarray) -> None:
+        """Synchronous 2D copy of a window of one frame buffer (rows of `row_bytes`, 3 bytes a pixel) whose top-left
+        pixel is (x1, y1) into a C-contiguous host array of the window's shape: only the window crosses the bus."""
+        runtime = self._runtime
+        height, width = host.shape[:2]
+        self._cuda("cudaMemcpy2D (frame window to the host)", runtime.cudaMemcpy2D(
+            host.ctypes.data, width * 3, buffer + y1 * row_bytes + x1 * 3, row_bytes, width * 3, height,
+            runtime.cudaMemcpyKind.cudaMemcpyDeviceToHost))
+
     def release(self, buffer: int) -> None:
         """Take a buffer back (an image was dropped); after close() it is freed instead."""
         with self._lock:
@@ -438,4 +447,14 @@ class NvdecImage:
         height, width, _ = self._shape
         rgb = np.empty((height, width, 3), np.uint8)
         self._pool.download(self._buffer, rgb)
+        return cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)
+
+    def window(self, x1: int, y1: int, x2: int, y2: int) -> np.ndarray:
+        """BGR pixels of one window on the host (a face followed by its look, `tracking.follow_by`): a synchronous
+        2D copy of the window alone, ~0.1-0.2 MB for a face's search area against 6 MB for a 1080p frame."""
+        height, width, _ = self._shape
+        if not (0 <= x1 < x2 <= width and 0 <= y1 < y2 <= height):
+            raise ValueError(f"window ({x1}, {y1})-({x2}, {y2}) is not inside the {width}x{height} frame")
+        rgb = np.empty((y2 - y1, x2 - x1, 3), np.uint8)
+        self._pool.download_window(self._buffer, width * 3, x1, y1, rgb)
         return cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)

@@ -75,6 +75,13 @@ class TrackingConfig(StrictModel):
                             "(SQPnP): at 150 cameras on an H200, 2 took 0.3-0.5 of the camera workers' 1.9-2.6 "
                             "cores; where a visitor looks then shows up to N - 1 detections later "
                             "(BENCHMARKS.md, round 9).")
+    follow_by: Literal["auto", "look", "motion"] = Field(
+        "auto", description="With detector.interval > 1, how a face is found on the frames between detections: "
+        "look (its track's motion, then its own pixels matched near there, a 24 px template), motion (the motion "
+        "alone), auto (look on frames on the host, motion on frames that stay on the GPU: NVDEC). look on a GPU "
+        "frame copies a window around each followed face to the host (about 3x the face's area, never the whole "
+        "frame). On a panning crowd (group_1080p.mp4, interval 3, CPU) look kept 90 % of followed boxes within IoU "
+        "0.8 of the detection, motion alone far fewer (BENCHMARKS.md, \"Following by look or by motion\").")
 
 
 class AvatarSection(AvatarSettings):

@@ -40,6 +40,11 @@ class DeviceImage(Protocol):
         """The pixels as a host BGR array (a copy from the GPU)."""
         ...
 
+    def window(self, x1: int, y1: int, x2: int, y2: int) -> np.ndarray:
+        """The pixels of rows y1..y2 and columns x1..x2 (end excluded, within the image) as a host BGR array: a
+        copy of that window alone, for following a face by its look without bringing the frame down."""
+        ...
+
 
 FrameImage = np.ndarray | DeviceImage
 """What a camera delivers: host BGR pixels (H x W x 3 uint8) or a DeviceImage."""

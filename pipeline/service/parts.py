@@ -172,7 +172,7 @@ def new_tracker(cfg: AppConfig) -> IouTracker:
 def tracker_for(tracking: TrackingConfig, follow: bool) -> IouTracker:
     """A tracker with the config's `tracking` section; `follow`: between detections (see new_tracker)."""
     return IouTracker(tracking.iou_threshold, tracking.max_age_s, tracking.smoothing_half_life_ms, follow=follow,
-                      pose_every=tracking.pose_every)
+                      pose_every=tracking.pose_every, follow_by=tracking.follow_by)
 
 
 def label_sinks(sinks: list[Sink]) -> list[tuple[str, Sink]]:

@@ -22,13 +22,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from pipeline.capture.stats import RateMeter
 from pipeline.capture.thread import CaptureThread
 from pipeline.core.logrepeat import RepeatLimiter
 from pipeline.core.threads import name_native_thread
-from pipeline.core.types import Detection, EmotionScores, FaceResult, Frame, HeadPose, Observation
+from pipeline.core.types import Detection, EmotionScores, FaceResult, Frame, FrameImage, HeadPose, Observation
 from pipeline.inference.batching import ModelClosedError, QueueFullError
 from pipeline.inference.pending import PendingAnalysis
 from pipeline.inference.perception import Analyzer
@@ -110,10 +108,9 @@ class CameraWorker(threading.Thread):
             self._failed(frame, exc)
         return None, None
 
-    def _pixels(self, frame: Frame) -> np.ndarray | None:
-        """The frame's host pixels for a tracker that follows faces by their look (None: it does not, or the frame
-        is on the GPU)."""
-        return frame.image if self.tracker.follow and isinstance(frame.image, np.ndarray) else None
+    def _pixels(self, frame: Frame) -> FrameImage | None:
+        """The frame for a tracker that follows faces by their look (None: it does not; `tracking.follow_by`)."""
+        return self.tracker.searchable(frame.image)
 
     def _collect(self, frame: Frame, pending: PendingAnalysis, tracked: list[int] | None = None) -> None:
         try:

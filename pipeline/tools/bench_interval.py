@@ -3,7 +3,8 @@ CPU, against every frame, on the same frames of a video, in one run.
 
 Every frame is analysed twice, by two trackers fed from one detector: the reference detects every frame; the other
 detects every Nth and, between, classifies the faces its tracker follows (`IouTracker.predict` with the frame), as a
-camera worker does. On each frame without detection each followed face is compared with the reference's detection it
+camera worker does (`--set tracking.follow_by=motion`: by their motion alone, as frames on the GPU are followed
+under `auto`). On each frame without detection each followed face is compared with the reference's detection it
 overlaps most on the same frame: the box's IoU, and whether the top emotion agrees, per frame and after each
 track's smoothing (what behaviour reads), and whether the avatar would show the same emotion for the face ("shown":
 the behaviour mapper's thresholds, hysteresis and dwell applied to each track as if every face were a target;
@@ -207,10 +208,11 @@ def compare_intervals(perception: Perception, frames: list[np.ndarray], fps: flo
         reference = (faces, scores, every.read(ids, scores, now), ids)
         started = time.process_time()
         if index % interval == 0:
-            own_ids, own_faces, own_scores = skipping.tracker.update(faces, now, frame), faces, scores
+            own_ids = skipping.tracker.update(faces, now, skipping.tracker.searchable(frame))
+            own_faces, own_scores = faces, scores
             result.cpu_s["interval"] += cost
         else:
-            predicted = skipping.tracker.predict(now, frame)
+            predicted = skipping.tracker.predict(now, skipping.tracker.searchable(frame))
             own_ids, own_faces = [i for i, _ in predicted], [f for _, f in predicted]
             own_scores = perception.classify_faces(frame, own_faces, 0.0, followed=True, turn=followed)[1]
             followed += 1

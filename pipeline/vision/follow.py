@@ -4,6 +4,9 @@ found again near where its track's motion puts it (normalised cross-correlation,
 Why: with `detector.interval` the frames between detections take their faces from the tracker. A constant velocity
 alone misses a camera that pans unevenly or a visitor who stops (group_1080p.mp4: faces moving 35 px a frame); the
 face's own pixels say where it went, for well under a millisecond per face at template scale.
+
+A frame that stays on the GPU (NVDEC) is read the same way: only the window around the face is copied to the host
+(`DeviceImage.window`), never the whole frame (`tracking.follow_by`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from dataclasses import dataclass
 
 import cv2
 import numpy as np
+
+from pipeline.core.types import FrameImage
 
 Box = tuple[float, float, float, float]
 
@@ -29,21 +34,23 @@ class FaceTemplate:
     box: Box
 
 
-def _grey_region(frame: np.ndarray, box: Box, scale: float) -> tuple[np.ndarray, tuple[int, int]] | None:
-    """The frame's pixels inside `box` (clipped to the frame), grey, resized by `scale`; and the region's top-left."""
+def _grey_region(frame: FrameImage, box: Box, scale: float) -> tuple[np.ndarray, tuple[int, int]] | None:
+    """The frame's pixels inside `box` (clipped to the frame), grey, resized by `scale`; and the region's top-left.
+    A frame on the GPU gives only that region's pixels to the host."""
     height, width = frame.shape[:2]
     x1, y1 = max(0, int(np.floor(box[0]))), max(0, int(np.floor(box[1])))
     x2, y2 = min(width, int(np.ceil(box[2]))), min(height, int(np.ceil(box[3])))
     if x2 - x1 < 4 or y2 - y1 < 4:
         return None
-    region = frame[y1:y2, x1:x2]
+    region = frame[y1:y2, x1:x2] if isinstance(frame, np.ndarray) else frame.window(x1, y1, x2, y2)
     grey = cv2.cvtColor(region, cv2.COLOR_BGR2GRAY) if region.ndim == 3 else region
     size = (max(1, round((x2 - x1) * scale)), max(1, round((y2 - y1) * scale)))
     return cv2.resize(grey, size, interpolation=cv2.INTER_AREA), (x1, y1)
 
 
-def face_template(frame: np.ndarray, box: Box) -> FaceTemplate | None:
-    """The template of the face in `box` of a BGR (or grey) frame; None for a face too small or off the frame."""
+def face_template(frame: FrameImage, box: Box) -> FaceTemplate | None:
+    """The template of the face in `box` of a BGR (or grey) frame, on the host or the GPU; None for a face too small
+    or off the frame."""
     scale = min(1.0, TEMPLATE_WIDTH / max(box[2] - box[0], 1e-6))
     cut = _grey_region(frame, box, scale)
     if cut is None:
@@ -72,7 +79,7 @@ def _subpixel(scores: np.ndarray, bx: int, by: int) -> tuple[float, float]:
     return dx, dy
 
 
-def locate(frame: np.ndarray, template: FaceTemplate, expected: Box) -> Box | None:
+def locate(frame: FrameImage, template: FaceTemplate, expected: Box) -> Box | None:
     """Where the template's face is in `frame`, searched around `expected` (its size kept); None when the best
     match is weak or the search window is too small."""
     width, height = expected[2] - expected[0], expected[3] - expected[1]

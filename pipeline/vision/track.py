@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import count
+from typing import Literal
 
 import numpy as np
 
-from pipeline.core.types import Detection, EmotionScores
+from pipeline.core.types import Detection, EmotionScores, FrameImage
 from pipeline.vision.follow import FaceTemplate, face_template, locate
 
 Box = tuple[float, float, float, float]
+FollowBy = Literal["auto", "look", "motion"]  # tracking.follow_by: what a followed face is found by (see the config)
 
 
 def box_iou(a: Box, b: Box) -> float:
@@ -73,7 +75,7 @@ class Track:
             self.velocity, self.moves = (v1, v2, v3, v4), self.moves + 1
         self.box, self.box_time = box, now
 
-    def seen(self, face: Detection, now: float, frame: np.ndarray | None = None) -> None:
+    def seen(self, face: Detection, now: float, frame: FrameImage | None = None) -> None:
         """A detection matched: the track moves there, lives on, and (given the frame) keeps the face's look."""
         self.moved_to(face.box, now)
         self.last_seen, self.detection = now, face
@@ -99,9 +101,10 @@ class IouTracker:
     (`_match_near`). Without it, matching is by overlap with each track's last box alone, as always."""
 
     def __init__(self, iou_threshold: float = 0.3, max_age_s: float = 1.0, half_life_ms: float = 300.0,
-                 follow: bool = False, pose_every: int = 1) -> None:
+                 follow: bool = False, pose_every: int = 1, follow_by: FollowBy = "auto") -> None:
         self.follow = follow
         self.pose_every = max(1, pose_every)  # tracking.pose_every: read by the camera worker that fits poses
+        self.follow_by = follow_by  # tracking.follow_by: read by the camera worker that hands this tracker its frames
         self.iou_threshold = iou_threshold
         self.max_age_s = max_age_s
         self.half_life_s = half_life_ms / 1000.0
@@ -109,7 +112,17 @@ class IouTracker:
         self._ids = count(1)
         self.detected_at = float("-inf")  # when `update` last ran: the detection `predict` follows from
 
-    def update(self, faces: list[Detection], now: float, frame: np.ndarray | None = None) -> list[int]:
+    def searchable(self, image: FrameImage) -> FrameImage | None:
+        """The frame to hand `update` and `predict` for finding faces by their look, or None: not following (every
+        frame detected), following by motion alone (`tracking.follow_by: motion`), or a frame on the GPU under
+        `auto`. With `look` a GPU frame is searched too: each face's window is copied down, not the frame."""
+        if not self.follow or self.follow_by == "motion":
+            return None
+        if self.follow_by == "auto" and not isinstance(image, np.ndarray):
+            return None
+        return image
+
+    def update(self, faces: list[Detection], now: float, frame: FrameImage | None = None) -> list[int]:
         """Assign a track id to each face (same order), expiring tracks unseen for max_age_s; with the frame, each
         face's look is kept for `predict` to find it again."""
         self.tracks = {k: t for k, t in self.tracks.items() if now - t.last_seen <= self.max_age_s}
@@ -160,7 +173,7 @@ class IouTracker:
                 ids[face_i] = live[track_i].track_id
                 taken.add(track_i)
 
-    def predict(self, now: float, frame: np.ndarray | None = None) -> list[tuple[int, Detection]]:
+    def predict(self, now: float, frame: FrameImage | None = None) -> list[tuple[int, Detection]]:
         """The faces of a frame that skips the detector: each track the last detection run found, with that
         detection moved to where the track's motion puts it at `now` and, given the frame, to where its look is
         found near there (the track then moves there too).
