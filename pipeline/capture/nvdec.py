@@ -119,7 +119,7 @@ class NvdecSource(VideoSource):
         self._keep_on_device = keep_on_device
         self._end_of_picture = not self._has_b_frames()
         self._open_demuxer()
-        self._relax_capture_mode()
+        relax_capture_mode(self._runtime, self._label)  # this thread (the camera's reader) decodes beside recordings
         codec = self._demuxer.GetNvCodecId()
         # The decoder's own non-blocking stream: its conversion kernels and our copies of its frames are ordered on
         # it, and never wait for (or hold up) the inference lanes, as work on the legacy default stream would.
@@ -137,20 +137,6 @@ class NvdecSource(VideoSource):
         self._size = (int(self._demuxer.Width()), int(self._demuxer.Height()))
         fps = float(self._demuxer.FrameRate() or 0.0)
         self._pacer = pacer_for(fps) if paced else None
-
-    def _relax_capture_mode(self) -> None:
-        """Let this thread (the camera's reader, which makes the source and decodes on it) call CUDA while another
-        thread records a CUDA graph. Why: inference.cuda_graphs records the frame graphs' runs, and CUDA's default
-        (global) capture mode forbids every other thread calls that may synchronise, cudaMalloc among them, for the
-        recording's duration: a camera whose frame pool grew at that moment would fail its frame, or break the
-        recording. The relaxed mode only lifts that ban for this thread; nothing here is ever recorded. It matters
-        only beside a recording, so a failure is logged and decoding goes on."""
-        mode = self._runtime.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed
-        try:
-            self._cuda("cudaThreadExchangeStreamCaptureMode (relaxed)",
-                       self._runtime.cudaThreadExchangeStreamCaptureMode(mode))
-        except SourceError as exc:
-            log.warning("%s (with inference.cuda_graphs this camera may fail a frame while a lane records)", exc)
 
     def _open_demuxer(self) -> None:
         self._demuxer = self._new_demuxer()
@@ -295,6 +281,28 @@ class NvdecSource(VideoSource):
             self._cuda("cudaStreamDestroy (decoder stream)", self._runtime.cudaStreamDestroy(stream))
 
 
+_capture_relaxed = threading.local()  # threads that relax_capture_mode has set
+
+
+def relax_capture_mode(runtime: Any, label: str) -> None:
+    """Let the calling thread call CUDA while another thread records a CUDA graph (once per thread).
+
+    Why: inference.cuda_graphs records the frame graphs' runs, and CUDA's default (global) capture mode forbids every
+    other thread calls that may synchronise, cudaMalloc and synchronous copies among them, for the recording's
+    duration: a camera whose frame pool grew at that moment, or a worker copying a face's window down
+    (`tracking.follow_by: look`), would fail its frame, or break the recording. The relaxed mode only lifts that ban
+    for this thread; nothing these threads do is ever recorded. It matters only beside a recording, so a failure is
+    logged and the work goes on."""
+    if getattr(_capture_relaxed, "done", False):
+        return
+    mode = runtime.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed
+    status, *_ = runtime.cudaThreadExchangeStreamCaptureMode(mode)
+    if int(status) != 0:
+        log.warning("%s: CUDA cudaThreadExchangeStreamCaptureMode (relaxed) failed: %s (with inference.cuda_graphs "
+                    "this thread may fail a frame while a lane records)", label, getattr(status, "name", status))
+    _capture_relaxed.done = True
+
+
 class DevicePool:
     """GPU buffers of one frame size for one source, reused: a frame's buffer comes back when its image is dropped.
 
@@ -358,6 +366,7 @@ class DevicePool:
     def download(self, buffer: int, host: np.ndarray) -> None:
         """Synchronous copy of one frame buffer into a host array of the frame's size."""
         runtime = self._runtime
+        relax_capture_mode(runtime, self.label)  # the calling thread is the preview's, not the camera's reader
         self._cuda("cudaMemcpy (frame to the host)", runtime.cudaMemcpy(
             host.ctypes.data, buffer, min(host.nbytes, self.nbytes), runtime.cudaMemcpyKind.cudaMemcpyDeviceToHost))
 
@@ -365,6 +374,7 @@ class DevicePool:
         """Synchronous 2D copy of a window of one frame buffer (rows of `row_bytes`, 3 bytes a pixel) whose top-left
         pixel is (x1, y1) into a C-contiguous host array of the window's shape: only the window crosses the bus."""
         runtime = self._runtime
+        relax_capture_mode(runtime, self.label)  # the calling thread is a camera's worker, not its reader
         height, width = host.shape[:2]
         self._cuda("cudaMemcpy2D (frame window to the host)", runtime.cudaMemcpy2D(
             host.ctypes.data, width * 3, buffer + y1 * row_bytes + x1 * 3, row_bytes, width * 3, height,
