@@ -3,7 +3,7 @@
 # models and the test clips for it, ../shared/tools/gpu-machine.md says how calls carry them). Usage there, from the
 # project root, once the stage is assembled:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | session-probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
 #  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | groups |
-#  groups-sweep | groups-ab | step-ab | fif-ab | graphs-ab | split-probe | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu |
+#  groups-sweep | groups-ab | step-ab | fif-ab | graphs-ab | follow-ab | split-probe | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu |
 #  cuda-handles | stack | small)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
@@ -292,6 +292,12 @@ case "${1:-check}" in
   graphs-ab)  # issue 25 (cores at 150 cameras): inference.cuda_graphs off against on (the frame graphs' runs replayed
     # as CUDA graphs), CAMS (150) cameras in groups of <= PER (30), as step-ab otherwise (_graphs$V_r$ROUND)
     CAMS=${CAMS:-150} PER=${PER:-30} alternated graphs "--set inference.cuda_graphs=" "false true"
+    ;;
+  follow-ab)  # issue 25 (the crowd on NVDEC frames): tracking.follow_by auto (faces on GPU frames followed by their
+    # motion alone) against look (each followed face's window copied down and searched), CAMS (150) cameras in groups
+    # of <= PER (30), as step-ab otherwise (_follow$V_r$ROUND); EXTRA="--set inference.cuda_graphs=true" as the
+    # 150-camera example config
+    CAMS=${CAMS:-150} PER=${PER:-30} alternated follow "--set tracking.follow_by=" "auto look"
     ;;
   fif-ab)  # issue 25 (6 GB at 64 cameras with the defaults): frames in flight 2 (the default for groups) against 1 as
     # the daemon sizes its groups (max_batch = cameras x frames in flight), as step-ab, DURATION (45) s so that a pool's
