@@ -180,8 +180,9 @@ def test_faces_and_emotions_agree_with_cpu_decoding(perception: object) -> None:
 @pytest.mark.gpu
 @needs_nvdec
 def test_faces_on_nvdec_frames_are_followed_by_look_from_windows_as_on_their_host_copies(perception: object) -> None:
-    """tracking.follow_by look on frames that stay on the GPU: a window of an NVDEC frame is the same pixels as that
-    part of the frame copied down whole, and the crowd's faces are found where the host copies put them."""
+    """tracking.follow_by look on frames that stay on the GPU: windows of an NVDEC frame (fetched together on the
+    worker's own stream) are the same pixels as those parts of the frame copied down whole, and the crowd's faces are
+    found where the host copies put them."""
     from pipeline.capture.nvdec import NvdecSource
     from pipeline.vision.track import IouTracker
 
@@ -194,9 +195,10 @@ def test_faces_on_nvdec_frames_are_followed_by_look_from_windows_as_on_their_hos
     finally:
         source.close()  # the frames still held keep their buffers until dropped
     hosts = [frame.to_host() for frame in frames]
-    assert np.array_equal(frames[0].window(101, 37, 357, 211), hosts[0][37:211, 101:357])
+    first, second = frames[0].windows([(101, 37, 357, 211), (0, 0, 1920, 1080)])
+    assert np.array_equal(first, hosts[0][37:211, 101:357]) and np.array_equal(second, hosts[0])
     with pytest.raises(ValueError, match="not inside"):
-        frames[0].window(-1, 0, 10, 10)
+        frames[0].windows([(0, 0, 10, 10), (-1, 0, 10, 10)])
     faces = perception.analyze(hosts[0])[0]  # type: ignore[attr-defined]
     assert len(faces) >= 3
     on_gpu, on_host, by_motion = (IouTracker(follow=True, follow_by=way) for way in ("look", "look", "motion"))

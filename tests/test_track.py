@@ -343,7 +343,7 @@ class _WindowedFrame:
 
     def __init__(self, bgr: np.ndarray) -> None:
         self._bgr = bgr
-        self.windows: list[tuple[int, int, int, int]] = []
+        self.calls: list[list[tuple[int, int, int, int]]] = []  # the windows asked for, call by call
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -361,9 +361,9 @@ class _WindowedFrame:
     def to_host(self) -> np.ndarray:
         raise AssertionError("following copies windows, never the whole frame")
 
-    def window(self, x1: int, y1: int, x2: int, y2: int) -> np.ndarray:
-        self.windows.append((x1, y1, x2, y2))
-        return self._bgr[y1:y2, x1:x2].copy()
+    def windows(self, boxes: list[tuple[int, int, int, int]]) -> list[np.ndarray]:
+        self.calls.append(list(boxes))
+        return [self._bgr[y1:y2, x1:x2].copy() for x1, y1, x2, y2 in boxes]
 
 
 def _jumping_patch() -> tuple[np.ndarray, np.ndarray]:
@@ -386,25 +386,25 @@ def test_which_frames_a_follower_searches_follows_tracking_follow_by() -> None:
     assert IouTracker(follow=False, follow_by="look").searchable(host) is None
 
 
-def test_a_face_on_a_gpu_frame_is_found_from_windows_as_on_the_host() -> None:
-    """tracking.follow_by look on frames that stay on the GPU: the face's template and its search area come down as
-    windows (two here, each well under the frame), and the face is found exactly where the host frame puts it."""
+def test_faces_on_a_gpu_frame_are_found_from_windows_as_on_the_host() -> None:
+    """tracking.follow_by look on frames that stay on the GPU: the faces' templates and their search areas come down
+    as windows, every face of a frame in one call (one round trip), each well under the frame, and the faces are
+    found exactly where the host frame puts them."""
     frame0, frame1 = _jumping_patch()
-    found = []
-    for wrap in (lambda bgr: bgr, _WindowedFrame):
+    still = np.random.default_rng(4).integers(0, 255, (60, 48, 3), dtype=np.uint8)
+    frame0[20:80, 230:278] = frame1[20:80, 230:278] = still  # a second face that stays put
+    faces = [face(100, 100, 148, 160), face(230, 20, 278, 80)]
+    found, device_frames = [], (_WindowedFrame(frame0), _WindowedFrame(frame1))
+    for first, second in ((frame0, frame1), device_frames):
         tracker = IouTracker(follow=True, follow_by="look")
-        first, second = wrap(frame0), wrap(frame1)
-        tracker.update([face(100, 100, 148, 160)], 0.0, tracker.searchable(first))
-        ((_, moved_to),) = tracker.predict(DT, tracker.searchable(second))
-        found.append(moved_to.box)
+        tracker.update(faces, 0.0, tracker.searchable(first))
+        found.append([moved_to.box for _, moved_to in tracker.predict(DT, tracker.searchable(second))])
     assert found[1] == found[0]
-    assert found[0] == pytest.approx((124.0, 104.0, 172.0, 164.0), abs=2.5)
-    window = _WindowedFrame(frame1)
-    tracker = IouTracker(follow=True, follow_by="look")
-    tracker.update([face(100, 100, 148, 160)], 0.0, _WindowedFrame(frame0))
-    tracker.predict(DT, window)
-    ((x1, y1, x2, y2),) = window.windows
-    assert (x2 - x1) * (y2 - y1) < 0.2 * 240 * 320
+    assert found[0][0] == pytest.approx((124.0, 104.0, 172.0, 164.0), abs=2.5)
+    assert found[0][1] == pytest.approx((230.0, 20.0, 278.0, 80.0), abs=0.5)
+    (templates,), (searched,) = device_frames[0].calls, device_frames[1].calls
+    assert len(templates) == len(searched) == 2
+    assert all((x2 - x1) * (y2 - y1) < 0.2 * 240 * 320 for x1, y1, x2, y2 in templates + searched)
 
 
 def test_following_by_motion_alone_ignores_the_frame() -> None:

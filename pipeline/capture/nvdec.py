@@ -29,7 +29,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import cv2
@@ -231,7 +231,7 @@ class NvdecSource(VideoSource):
         """Copy NVDEC's output surface into a pool buffer of our own (the surface is reused by the next Decode)."""
         width, height = self._size
         if self._pool is None:
-            self._pool = DevicePool(self._label, width * height * 3, self._runtime, self._stream)
+            self._pool = DevicePool(self._label, width * height * 3, self._runtime, self._stream, gpu=self._gpu)
         buffer = self._pool.acquire()
         try:
             self._pool.copy(buffer, src)
@@ -325,7 +325,7 @@ class DevicePool:
     IDLE_S = 30.0
 
     def __init__(self, label: str, nbytes: int, runtime: Any, stream: Any,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, gpu: int = 0) -> None:
         self.label, self.nbytes = label, nbytes
         self._runtime = runtime
         self._clock = clock
@@ -334,6 +334,7 @@ class DevicePool:
         self._count = 0
         self._closed = False
         self._stream = stream
+        self.runtime, self.gpu = runtime, gpu  # for the window copies of this pool's frames (WindowCopier)
 
     def acquire(self) -> int:
         self._trim_idle()
@@ -369,16 +370,6 @@ class DevicePool:
         relax_capture_mode(runtime, self.label)  # the calling thread is the preview's, not the camera's reader
         self._cuda("cudaMemcpy (frame to the host)", runtime.cudaMemcpy(
             host.ctypes.data, buffer, min(host.nbytes, self.nbytes), runtime.cudaMemcpyKind.cudaMemcpyDeviceToHost))
-
-    def download_window(self, buffer: int, row_bytes: int, x1: int, y1: int, host: np.ndarray) -> None:
-        """Synchronous 2D copy of a window of one frame buffer (rows of `row_bytes`, 3 bytes a pixel) whose top-left
-        pixel is (x1, y1) into a C-contiguous host array of the window's shape: only the window crosses the bus."""
-        runtime = self._runtime
-        relax_capture_mode(runtime, self.label)  # the calling thread is a camera's worker, not its reader
-        height, width = host.shape[:2]
-        self._cuda("cudaMemcpy2D (frame window to the host)", runtime.cudaMemcpy2D(
-            host.ctypes.data, width * 3, buffer + y1 * row_bytes + x1 * 3, row_bytes, width * 3, height,
-            runtime.cudaMemcpyKind.cudaMemcpyDeviceToHost))
 
     def release(self, buffer: int) -> None:
         """Take a buffer back (an image was dropped); after close() it is freed instead."""
@@ -429,6 +420,82 @@ class DevicePool:
         return values[0] if values else None
 
 
+class WindowCopier:
+    """A thread's own non-blocking stream and page-locked staging buffer, for copying windows of frames down.
+
+    Why not a plain cudaMemcpy2D: on the legacy default stream, into pageable memory, each window's copy waited for
+    other work of the process and was staged row by row; at 150 cameras on an H100 following by look that way left
+    the cameras 29 % of their frames (BENCHMARKS.md, "Following by look or by motion"). Here every window of a frame
+    is queued on this thread's stream into pinned memory and waited for once. One per thread and GPU (a camera's
+    worker serves one camera); its stream and buffer are released when the thread ends."""
+
+    _local = threading.local()
+
+    def __init__(self, runtime: Any, gpu: int, label: str) -> None:
+        self._runtime, self.label = runtime, label
+        self._cuda(f"cudaSetDevice({gpu}) (window copies)", runtime.cudaSetDevice(gpu))
+        relax_capture_mode(runtime, label)
+        self._stream = self._cuda("cudaStreamCreateWithFlags (window copies)",
+                                  runtime.cudaStreamCreateWithFlags(runtime.cudaStreamNonBlocking))
+        self._held = [0, 0]  # the pinned buffer's address and size: shared with the finaliser
+        weakref.finalize(self, _release_copier, runtime, self._stream, self._held)
+
+    @classmethod
+    def for_this_thread(cls, pool: DevicePool) -> WindowCopier:
+        """The calling thread's copier for the pool's GPU, made on first use."""
+        copiers: dict[int, WindowCopier] = cls._local.__dict__.setdefault("by_gpu", {})
+        if pool.gpu not in copiers:
+            copiers[pool.gpu] = cls(pool.runtime, pool.gpu, pool.label)
+        return copiers[pool.gpu]
+
+    def copy(self, buffer: int, row_bytes: int, boxes: Sequence[tuple[int, int, int, int]]) -> list[np.ndarray]:
+        """The RGB windows of a frame buffer (rows of `row_bytes`, 3 bytes a pixel), as fresh host arrays."""
+        runtime = self._runtime
+        sizes = [(y2 - y1, x2 - x1) for x1, y1, x2, y2 in boxes]
+        staging = self._staging(sum(h * w * 3 for h, w in sizes))
+        offset = 0
+        for (x1, y1, _, _), (h, w) in zip(boxes, sizes):
+            self._cuda("cudaMemcpy2DAsync (frame window to the host)", runtime.cudaMemcpy2DAsync(
+                staging + offset, w * 3, buffer + y1 * row_bytes + x1 * 3, row_bytes, w * 3, h,
+                runtime.cudaMemcpyKind.cudaMemcpyDeviceToHost, self._stream))
+            offset += h * w * 3
+        self._cuda("cudaStreamSynchronize (frame windows)", runtime.cudaStreamSynchronize(self._stream))
+        flat = np.ctypeslib.as_array((ctypes.c_uint8 * max(offset, 1)).from_address(staging))
+        windows, offset = [], 0
+        for h, w in sizes:
+            windows.append(flat[offset:offset + h * w * 3].reshape(h, w, 3).copy())
+            offset += h * w * 3
+        return windows
+
+    def _staging(self, nbytes: int) -> int:
+        """The pinned buffer, grown (to the next power of two, 64 KB at least) when `nbytes` does not fit."""
+        if self._held[1] < nbytes:
+            if self._held[0]:
+                self._cuda("cudaFreeHost (window staging)", self._runtime.cudaFreeHost(self._held[0]))
+                self._held[:] = [0, 0]
+            size = 1 << max(16, (nbytes - 1).bit_length())
+            address = int(self._cuda("cudaMallocHost (window staging)", self._runtime.cudaMallocHost(size)))
+            self._held[:] = [address, size]
+        return self._held[0]
+
+    def _cuda(self, call: str, result: Any) -> Any:
+        status, *values = result if isinstance(result, tuple) else (result,)
+        if int(status) != 0:
+            raise SourceError(f"{self.label}: CUDA {call} failed: {getattr(status, 'name', status)}")
+        return values[0] if values else None
+
+
+def _release_copier(runtime: Any, stream: Any, held: list[int]) -> None:
+    """A WindowCopier's stream and staging buffer back to CUDA (its thread has ended); a failure is only logged."""
+    results = [("cudaStreamDestroy", runtime.cudaStreamDestroy(stream))]
+    if held[0]:
+        results.append(("cudaFreeHost", runtime.cudaFreeHost(held[0])))
+    for call, result in results:
+        status = result[0] if isinstance(result, tuple) else result
+        if int(status) != 0:
+            log.debug("window copies: %s failed: %s", call, getattr(status, "name", status))
+
+
 class NvdecImage:
     """One decoded RGB frame in a DevicePool buffer (a core.types.DeviceImage); the buffer returns to the pool when
     the last reference to the image goes (a weakref finaliser: CPython runs it at once, on the dropping thread).
@@ -459,12 +526,13 @@ class NvdecImage:
         self._pool.download(self._buffer, rgb)
         return cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)
 
-    def window(self, x1: int, y1: int, x2: int, y2: int) -> np.ndarray:
-        """BGR pixels of one window on the host (a face followed by its look, `tracking.follow_by`): a synchronous
-        2D copy of the window alone, ~0.1-0.2 MB for a face's search area against 6 MB for a 1080p frame."""
+    def windows(self, boxes: Sequence[tuple[int, int, int, int]]) -> list[np.ndarray]:
+        """BGR pixels of each window on the host (faces followed by their look, `tracking.follow_by`): 2D copies of
+        the windows alone, ~0.1-0.2 MB for a face's search area against 6 MB for a 1080p frame, all in one round
+        trip on the calling thread's own stream (`WindowCopier`)."""
         height, width, _ = self._shape
-        if not (0 <= x1 < x2 <= width and 0 <= y1 < y2 <= height):
-            raise ValueError(f"window ({x1}, {y1})-({x2}, {y2}) is not inside the {width}x{height} frame")
-        rgb = np.empty((y2 - y1, x2 - x1, 3), np.uint8)
-        self._pool.download_window(self._buffer, width * 3, x1, y1, rgb)
-        return cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)
+        for x1, y1, x2, y2 in boxes:
+            if not (0 <= x1 < x2 <= width and 0 <= y1 < y2 <= height):
+                raise ValueError(f"window ({x1}, {y1})-({x2}, {y2}) is not inside the {width}x{height} frame")
+        rgb = WindowCopier.for_this_thread(self._pool).copy(self._buffer, width * 3, boxes)
+        return [cv2.cvtColor(window, cv2.COLOR_RGB2BGR) for window in rgb]

@@ -5,6 +5,7 @@ They carry numpy arrays but never a reference back to a stage, so any of them ca
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -40,9 +41,10 @@ class DeviceImage(Protocol):
         """The pixels as a host BGR array (a copy from the GPU)."""
         ...
 
-    def window(self, x1: int, y1: int, x2: int, y2: int) -> np.ndarray:
-        """The pixels of rows y1..y2 and columns x1..x2 (end excluded, within the image) as a host BGR array: a
-        copy of that window alone, for following a face by its look without bringing the frame down."""
+    def windows(self, boxes: Sequence[tuple[int, int, int, int]]) -> list[np.ndarray]:
+        """For each (x1, y1, x2, y2) (whole pixels, end excluded, within the image) the pixels of that window as a
+        host BGR array: copies of the windows alone, in one round trip, for following faces by their look without
+        bringing the frame down."""
         ...
 
 

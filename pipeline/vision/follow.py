@@ -6,11 +6,12 @@ alone misses a camera that pans unevenly or a visitor who stops (group_1080p.mp4
 face's own pixels say where it went, for well under a millisecond per face at template scale.
 
 A frame that stays on the GPU (NVDEC) is read the same way: only the window around the face is copied to the host
-(`DeviceImage.window`), never the whole frame (`tracking.follow_by`).
+(`DeviceImage.windows`: every face of the frame in one round trip), never the whole frame (`tracking.follow_by`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import cv2
@@ -34,31 +35,59 @@ class FaceTemplate:
     box: Box
 
 
-def _grey_region(frame: FrameImage, box: Box, scale: float) -> tuple[np.ndarray, tuple[int, int]] | None:
-    """The frame's pixels inside `box` (clipped to the frame), grey, resized by `scale`; and the region's top-left.
-    A frame on the GPU gives only that region's pixels to the host."""
+Window = tuple[int, int, int, int]  # whole pixels x1, y1, x2, y2 (end excluded) inside the frame
+
+
+def _clipped(frame: FrameImage, box: Box) -> Window | None:
+    """`box` rounded outwards to whole pixels and clipped to the frame; None when under 4 pixels either way."""
     height, width = frame.shape[:2]
     x1, y1 = max(0, int(np.floor(box[0]))), max(0, int(np.floor(box[1])))
     x2, y2 = min(width, int(np.ceil(box[2]))), min(height, int(np.ceil(box[3])))
-    if x2 - x1 < 4 or y2 - y1 < 4:
-        return None
-    region = frame[y1:y2, x1:x2] if isinstance(frame, np.ndarray) else frame.window(x1, y1, x2, y2)
-    grey = cv2.cvtColor(region, cv2.COLOR_BGR2GRAY) if region.ndim == 3 else region
-    size = (max(1, round((x2 - x1) * scale)), max(1, round((y2 - y1) * scale)))
-    return cv2.resize(grey, size, interpolation=cv2.INTER_AREA), (x1, y1)
+    return (x1, y1, x2, y2) if x2 - x1 >= 4 and y2 - y1 >= 4 else None
+
+
+def _grey_regions(frame: FrameImage, boxes: Sequence[Box], scale: Sequence[float]
+                  ) -> list[tuple[np.ndarray, tuple[int, int]] | None]:
+    """The frame's pixels inside each box (clipped to the frame), grey, resized by its `scale`, with the region's
+    top-left. A frame on the GPU brings all the regions to the host in one round trip (`DeviceImage.windows`)."""
+    windows = [_clipped(frame, box) for box in boxes]
+    wanted = [window for window in windows if window is not None]
+    if isinstance(frame, np.ndarray):
+        pixels = [frame[y1:y2, x1:x2] for x1, y1, x2, y2 in wanted]
+    else:
+        pixels = frame.windows(wanted) if wanted else []
+    fetched = iter(pixels)
+    regions: list[tuple[np.ndarray, tuple[int, int]] | None] = []
+    for window, factor in zip(windows, scale):
+        if window is None:
+            regions.append(None)
+            continue
+        region, (x1, y1, x2, y2) = next(fetched), window
+        grey = cv2.cvtColor(region, cv2.COLOR_BGR2GRAY) if region.ndim == 3 else region
+        size = (max(1, round((x2 - x1) * factor)), max(1, round((y2 - y1) * factor)))
+        regions.append((cv2.resize(grey, size, interpolation=cv2.INTER_AREA), (x1, y1)))
+    return regions
+
+
+def face_templates(frame: FrameImage, boxes: Sequence[Box]) -> list[FaceTemplate | None]:
+    """The template of the face in each box of a BGR (or grey) frame, on the host or the GPU; None for a face too
+    small or off the frame."""
+    scales = [min(1.0, TEMPLATE_WIDTH / max(box[2] - box[0], 1e-6)) for box in boxes]
+    templates: list[FaceTemplate | None] = []
+    for cut, scale in zip(_grey_regions(frame, boxes, scales), scales):
+        if cut is None:
+            templates.append(None)
+            continue
+        pixels, (x1, y1) = cut
+        # the template covers what was inside the frame: its box is the clipped one
+        clipped = (float(x1), float(y1), x1 + pixels.shape[1] / scale, y1 + pixels.shape[0] / scale)
+        templates.append(FaceTemplate(pixels, scale, clipped))
+    return templates
 
 
 def face_template(frame: FrameImage, box: Box) -> FaceTemplate | None:
-    """The template of the face in `box` of a BGR (or grey) frame, on the host or the GPU; None for a face too small
-    or off the frame."""
-    scale = min(1.0, TEMPLATE_WIDTH / max(box[2] - box[0], 1e-6))
-    cut = _grey_region(frame, box, scale)
-    if cut is None:
-        return None
-    pixels, (x1, y1) = cut
-    # the template covers what was inside the frame: its box is the clipped one
-    clipped = (float(x1), float(y1), x1 + pixels.shape[1] / scale, y1 + pixels.shape[0] / scale)
-    return FaceTemplate(pixels, scale, clipped)
+    """One face's template (`face_templates`)."""
+    return face_templates(frame, [box])[0]
 
 
 def _peak_offset(before: float, at: float, after: float) -> float:
@@ -79,13 +108,25 @@ def _subpixel(scores: np.ndarray, bx: int, by: int) -> tuple[float, float]:
     return dx, dy
 
 
+def locate_all(frame: FrameImage, wanted: Sequence[tuple[FaceTemplate, Box]]) -> list[Box | None]:
+    """Where each template's face is in `frame`, searched around its expected box (its size kept); None where the
+    best match is weak or the search window is too small. The search windows come down together."""
+    windows = []
+    for _, expected in wanted:
+        width, height = expected[2] - expected[0], expected[3] - expected[1]
+        windows.append((expected[0] - SEARCH * width, expected[1] - SEARCH * height,
+                        expected[2] + SEARCH * width, expected[3] + SEARCH * height))
+    cuts = _grey_regions(frame, windows, [template.scale for template, _ in wanted])
+    return [_match(cut, template) for cut, (template, _) in zip(cuts, wanted)]
+
+
 def locate(frame: FrameImage, template: FaceTemplate, expected: Box) -> Box | None:
-    """Where the template's face is in `frame`, searched around `expected` (its size kept); None when the best
-    match is weak or the search window is too small."""
-    width, height = expected[2] - expected[0], expected[3] - expected[1]
-    window = (expected[0] - SEARCH * width, expected[1] - SEARCH * height,
-              expected[2] + SEARCH * width, expected[3] + SEARCH * height)
-    cut = _grey_region(frame, window, template.scale)
+    """One face's place (`locate_all`)."""
+    return locate_all(frame, [(template, expected)])[0]
+
+
+def _match(cut: tuple[np.ndarray, tuple[int, int]] | None, template: FaceTemplate) -> Box | None:
+    """The template's best place within one search window's grey pixels, in frame coordinates."""
     if cut is None:
         return None
     pixels, (x1, y1) = cut

@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 
 from pipeline.core.types import Detection, EmotionScores, FrameImage
-from pipeline.vision.follow import FaceTemplate, face_template, locate
+from pipeline.vision.follow import FaceTemplate, face_templates, locate_all
 
 Box = tuple[float, float, float, float]
 FollowBy = Literal["auto", "look", "motion"]  # tracking.follow_by: what a followed face is found by (see the config)
@@ -75,12 +75,12 @@ class Track:
             self.velocity, self.moves = (v1, v2, v3, v4), self.moves + 1
         self.box, self.box_time = box, now
 
-    def seen(self, face: Detection, now: float, frame: FrameImage | None = None) -> None:
-        """A detection matched: the track moves there, lives on, and (given the frame) keeps the face's look."""
+    def seen(self, face: Detection, now: float, template: FaceTemplate | None = None) -> None:
+        """A detection matched: the track moves there, lives on, and keeps the face's look (`template`, when the
+        frame was searchable)."""
         self.moved_to(face.box, now)
         self.last_seen, self.detection = now, face
-        if frame is not None:
-            self.template = face_template(frame, face.box)
+        self.template = template
 
 
 def moved_detection(face: Detection, box: Box) -> Detection:
@@ -140,13 +140,14 @@ class IouTracker:
                 taken.add(track_i)
         if self.follow:
             self._match_near(faces, live, expected, ids, taken)
-        for index, face in enumerate(faces):
+        templates = face_templates(frame, [face.box for face in faces]) if frame is not None else [None] * len(faces)
+        for index, (face, template) in enumerate(zip(faces, templates)):
             track_id = ids[index]
             if track_id is None:
                 track_id = next(self._ids)
                 self.tracks[track_id] = Track(track_id, face.box, now, box_time=now)
                 ids[index] = track_id
-            self.tracks[track_id].seen(face, now, frame)
+            self.tracks[track_id].seen(face, now, template)
         return [int(i) for i in ids if i is not None]
 
     @staticmethod
@@ -182,17 +183,17 @@ class IouTracker:
         reported either, and a face whose detector lost it (turned away, hidden, gone) drifts on its motion alone
         (group_1080p.mp4: such faces made most followed boxes that overlapped no detection). The track stays alive
         for matching until max_age_s after its last detection, as without skipping, and is not followed past it."""
-        faces = []
-        for track in self.tracks.values():
-            if track.detection is None or track.last_seen < self.detected_at or now - track.last_seen > self.max_age_s:
-                continue
-            box = track.box_at(now)
-            found = locate(frame, track.template, box) if frame is not None and track.template else None
-            if found is not None:
-                track.moved_to(found, now)
-                box = found
-            faces.append((track.track_id, moved_detection(track.detection, box)))
-        return faces
+        followed = [(track, detection) for track in self.tracks.values() if (detection := track.detection) is not None
+                    and track.last_seen >= self.detected_at and now - track.last_seen <= self.max_age_s]
+        boxes = [track.box_at(now) for track, _ in followed]
+        looked = [(i, track.template) for i, (track, _) in enumerate(followed) if track.template is not None]
+        if frame is not None and looked:  # every followed face's search window in one go (one round trip on a GPU)
+            found = locate_all(frame, [(template, boxes[i]) for i, template in looked])
+            for (i, _), place in zip(looked, found):
+                if place is not None:
+                    followed[i][0].moved_to(place, now)
+                    boxes[i] = place
+        return [(track.track_id, moved_detection(detection, box)) for (track, detection), box in zip(followed, boxes)]
 
     def smooth(self, track_id: int, scores: EmotionScores, now: float) -> EmotionScores:
         """Blend `scores` into the track's running probabilities and return the smoothed vector."""
