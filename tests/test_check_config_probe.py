@@ -275,3 +275,32 @@ def test_many_cameras_a_gpu_on_frame_graphs_launched_node_by_node_are_advised_cu
         config.write_text(config.read_text().replace(inference, other))
         inference = other
         assert not advice({"CUDA_VISIBLE_DEVICES": "0"}), other
+
+
+def test_large_camera_processes_following_by_look_on_gpu_frames_are_advised(tmp_path: Path) -> None:
+    """tracking.follow_by look on GPU frames for more than 16 enabled cameras a process: check-config says the
+    workers' matching limits it (an H100 analysed 67 % of 64 cameras in groups of 32 that way; BENCHMARKS.md
+    round 17); not with 16 a process, with auto, every frame detected, the OpenCV frame path or on the CPU."""
+    cameras = "".join(f"  - {{name: cam{i}, source: demo{', enabled: false' if i >= 64 else ''}}}\n"
+                      for i in range(70))
+    config = tmp_path / "look.yaml"
+    settings = "detector: {interval: 3}\ntracking: {follow_by: look}\ninference: {device: cuda, processes: 2}\n"
+    config.write_text(f"cameras:\n{cameras}{settings}server: {{enabled: false}}\n")
+
+    def advice() -> list[str]:
+        done = run_cli("check-config", str(config), env={"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path),
+                                                         "CUDA_VISIBLE_DEVICES": "0"}, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return [line for line in done.stderr.splitlines() if "warning: tracking.follow_by:" in line]
+
+    (line,) = advice()
+    assert "64 cameras in 2 process(es), 32 a process" in line and "consider follow_by: auto" in line, line
+    for other in ("detector: {interval: 3}\ntracking: {follow_by: look}\ninference: {device: cuda, processes: 4}\n",
+                  "detector: {interval: 3}\ntracking: {follow_by: auto}\ninference: {device: cuda, processes: 2}\n",
+                  "detector: {interval: 1}\ntracking: {follow_by: look}\ninference: {device: cuda, processes: 2}\n",
+                  "detector: {interval: 3}\ntracking: {follow_by: look}\n"
+                  "inference: {device: cuda, processes: 2, frame_path: opencv}\n",
+                  "detector: {interval: 3}\ntracking: {follow_by: look}\ninference: {device: cpu, processes: 2}\n"):
+        config.write_text(config.read_text().replace(settings, other))
+        settings = other
+        assert not advice(), other

@@ -78,6 +78,8 @@ CAMERAS_PER_GPU_EVERY_FRAME = 64  # ... one H200 analysed every frame of with th
 # 96 gave 78 %)
 CAMERAS_PER_GPU_UNCAPTURED = 96  # past this a GPU's lanes launching the frame graphs node by node cost cores that
 # inference.cuda_graphs saves (150 cameras: 1.2-1.3 lane cores instead of 2.6-2.8, BENCHMARKS.md round 16)
+CAMERAS_PER_PROCESS_LOOKING = 16  # the most cameras one process followed by look on NVDEC frames with every frame
+# analysed (an H100: 16 in one process every frame, 64 in groups of 32 67 %; BENCHMARKS.md round 17)
 # BatchStats' recent lists and the counter each grows with: one entry per batch, or per item for the queue wait.
 _RECENT = {"batch_sizes": "batches", "recent_compute_ms": "batches", "recent_queue_ms": "items"}
 
@@ -132,6 +134,22 @@ def detector_interval_advice(cameras: Sequence[CameraConfig], interval: int, inf
     return (f"{crowd}, with the detector on every frame: one H200 analysed 78 % of the frames of 96 cameras of "
             f"1080p at 25 fps that way, and every frame of 150 with interval: 3 and emotion.model: "
             f"dlibface_student64; consider interval: 3 (README, \"Many cameras: what to tune\")")
+
+
+def follow_look_advice(cameras: Sequence[CameraConfig], interval: int, follow_by: str,
+                       inference: InferenceConfig) -> str | None:
+    """Advice when each camera process follows faces by their look (tracking.follow_by: look) on frames that stay
+    on the GPU for more than CAMERAS_PER_PROCESS_LOOKING cameras: there the workers' matching, not the GPU, limits
+    what is analysed. None on the CPU, on the OpenCV frame path, with every frame detected, or without look."""
+    enabled = sum(1 for cam in cameras if cam.enabled)
+    per_process = -(-enabled // max(1, inference.processes))
+    if (inference.device != "cuda" or not inference.graph_frames or interval <= 1 or follow_by != "look"
+            or per_process <= CAMERAS_PER_PROCESS_LOOKING):
+        return None
+    return (f"{enabled} cameras in {inference.processes} process(es), {per_process} a process, follow faces by their "
+            f"look on GPU frames: an H100 analysed every frame of 16 cameras in one process that way but 67 % of 64 "
+            f"in groups of 32 (the workers' matching is the limit); consider follow_by: auto, or processes of at "
+            f"most {CAMERAS_PER_PROCESS_LOOKING} cameras (inference.processes)")
 
 
 def cuda_graphs_advice(cameras: Sequence[CameraConfig], inference: InferenceConfig, gpus: int = 1) -> str | None:

@@ -90,15 +90,19 @@ def quick_findings(cfg: AppConfig) -> list[Finding]:
 
 
 def gpu_load_advice(cfg: AppConfig) -> list[Finding]:
-    """Advice for many cameras a GPU: the detector on every frame, the frame graphs launched node by node."""
-    from pipeline.service.groups import cuda_graphs_advice, detector_interval_advice, gpus_in_use, visible_gpus
+    """Advice for many cameras a GPU: the detector on every frame, the frame graphs launched node by node, faces
+    followed by their look on GPU frames in large camera processes."""
+    from pipeline.service.groups import (cuda_graphs_advice, detector_interval_advice, follow_look_advice,
+                                         gpus_in_use, visible_gpus)
 
     inference = cfg.inference
     if inference.device == "cpu":
         return []  # no advice applies: skip asking nvidia-smi for the GPUs
     gpus = gpus_in_use(inference, visible_gpus() if inference.processes > 1 else [])
     advice = [("detector.interval", detector_interval_advice(cfg.cameras, cfg.detector.interval, inference, gpus)),
-              ("inference.cuda_graphs", cuda_graphs_advice(cfg.cameras, inference, gpus))]
+              ("inference.cuda_graphs", cuda_graphs_advice(cfg.cameras, inference, gpus)),
+              ("tracking.follow_by", follow_look_advice(cfg.cameras, cfg.detector.interval, cfg.tracking.follow_by,
+                                                        inference))]
     return [Finding(key, text) for key, text in advice if text]
 
 
