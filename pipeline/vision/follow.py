@@ -46,9 +46,9 @@ def _clipped(frame: FrameImage, box: Box) -> Window | None:
     return (x1, y1, x2, y2) if x2 - x1 >= 4 and y2 - y1 >= 4 else None
 
 
-def _grey_regions(frame: FrameImage, boxes: Sequence[Box], scale: Sequence[float]
+def _grey_regions(frame: FrameImage, boxes: Sequence[Box], scales: Sequence[float]
                   ) -> list[tuple[np.ndarray, tuple[int, int]] | None]:
-    """The frame's pixels inside each box (clipped to the frame), grey, resized by its `scale`, with the region's
+    """The frame's pixels inside each box (clipped to the frame), grey, resized by its scale, with the region's
     top-left. A frame on the GPU brings all the regions to the host in one round trip (`DeviceImage.windows`)."""
     windows = [_clipped(frame, box) for box in boxes]
     wanted = [window for window in windows if window is not None]
@@ -58,7 +58,7 @@ def _grey_regions(frame: FrameImage, boxes: Sequence[Box], scale: Sequence[float
         pixels = frame.windows(wanted) if wanted else []
     fetched = iter(pixels)
     regions: list[tuple[np.ndarray, tuple[int, int]] | None] = []
-    for window, factor in zip(windows, scale):
+    for window, factor in zip(windows, scales):
         if window is None:
             regions.append(None)
             continue
