@@ -15,7 +15,8 @@ among the observations whose reference reading is clear, its top two emotions at
 face read as, say, 0.34 neutral and 0.31 sad, any crop a pixel off may swap the two, so this says how much of the
 disagreement lies on faces the classifier itself finds ambiguous).
 Faces the detector did not find on that frame cannot be compared and are counted apart. CPU: the process time of
-the two ways of analysing a frame, summed over the video.
+the two ways of analysing a frame, summed over the video; "follow ms": the skipping way's tracker alone (keeping each
+detected face's look, finding the followed faces) per followed face.
 
 `--ceiling PX`: how far the detector agrees with itself, the most any follower can reach. Every frame is also
 analysed shifted by PX pixels (the same picture, as a camera a hair to the side sees it), tracked and smoothed like
@@ -90,7 +91,8 @@ class Agreement:
     tracks: set[int] = field(default_factory=set)  # the followed tracks compared
     tracks_shown_differently: set[int] = field(default_factory=set)  # ... of which the avatar showed another emotion
     without_reference: int = 0
-    cpu_s: dict[str, float] = field(default_factory=lambda: {"every": 0.0, "interval": 0.0})
+    cpu_s: dict[str, float] = field(default_factory=lambda: {"every": 0.0, "interval": 0.0, "follow": 0.0})
+    followed_faces: int = 0  # faces the skipping way's tracker followed on frames without detection
     frames: int = 0
     ceiling: Agreement | None = None  # --ceiling: the detector against itself on the shifted frames
 
@@ -108,6 +110,7 @@ class Agreement:
                 "showing_agreement": round(self.same_showing / max(self.showing, 1), 4),
                 "tracks": len(self.tracks), "tracks_shown_differently": len(self.tracks_shown_differently),
                 "cpu_ratio": round(self.cpu_s["interval"] / max(self.cpu_s["every"], 1e-9), 3),
+                "follow_ms_per_face": round(1e3 * self.cpu_s["follow"] / max(self.followed_faces, 1), 3),
                 **(self.ceiling.as_ceiling() if self.ceiling is not None else {})}
 
     def as_ceiling(self) -> dict[str, Any]:
@@ -187,6 +190,26 @@ def _shifted(perception: Perception, frame: np.ndarray, shift: int) -> tuple[lis
     return back, scores
 
 
+def _tracked(result: Agreement, tracker: IouTracker, faces: list[Detection], now: float,
+             frame: np.ndarray) -> list[int]:
+    """The skipping way's detection frame: its tracker takes the faces (and, following by look, their templates);
+    the tracker's CPU is counted as following's."""
+    started = time.process_time()
+    ids = tracker.update(faces, now, tracker.searchable(frame))
+    result.cpu_s["follow"] += time.process_time() - started
+    return ids
+
+
+def _followed(result: Agreement, tracker: IouTracker, now: float,
+              frame: np.ndarray) -> tuple[list[int], list[Detection]]:
+    """The skipping way's frame without detection: the faces its tracker follows there, and the CPU that took."""
+    started = time.process_time()
+    predicted = tracker.predict(now, tracker.searchable(frame))
+    result.cpu_s["follow"] += time.process_time() - started
+    result.followed_faces += len(predicted)
+    return [i for i, _ in predicted], [f for _, f in predicted]
+
+
 def compare_intervals(perception: Perception, frames: list[np.ndarray], fps: float, interval: int,
                       ceiling: int | None = None, tracking: TrackingConfig | None = None,
                       behavior: BehaviorConfig | None = None) -> Agreement:
@@ -208,12 +231,11 @@ def compare_intervals(perception: Perception, frames: list[np.ndarray], fps: flo
         reference = (faces, scores, every.read(ids, scores, now), ids)
         started = time.process_time()
         if index % interval == 0:
-            own_ids = skipping.tracker.update(faces, now, skipping.tracker.searchable(frame))
+            own_ids = _tracked(result, skipping.tracker, faces, now, frame)
             own_faces, own_scores = faces, scores
             result.cpu_s["interval"] += cost
         else:
-            predicted = skipping.tracker.predict(now, skipping.tracker.searchable(frame))
-            own_ids, own_faces = [i for i, _ in predicted], [f for _, f in predicted]
+            own_ids, own_faces = _followed(result, skipping.tracker, now, frame)
             own_scores = perception.classify_faces(frame, own_faces, 0.0, followed=True, turn=followed)[1]
             followed += 1
         result.cpu_s["interval"] += time.process_time() - started
@@ -259,13 +281,14 @@ def print_interval_table(result: dict[str, Any]) -> None:
     print(f"detector every Nth frame vs every frame, emotion model {result['model']}")
     print(f"{'video':22} {'N':>2} {'frames':>6} {'compared':>8} {'no ref':>6} {'IoU min':>7} {'p5':>6} "
           f"{'median':>6} {'>=0.8':>6} {'emotion':>7} {'smoothed':>8} {'clear':>6} {'shown':>6} {'showing':>7} "
-          f"{'tracks':>6} {'CPU x':>6}")
+          f"{'tracks':>6} {'CPU x':>6} {'follow ms':>9}")
     for row in result["rows"]:
         print(f"{row['video']:22} {row['interval']:>2} {row['frames']:>6} {row['compared']:>8} "
               f"{row['without_reference']:>6} {row['iou_min']:>7} {row['iou_p5']:>6} {row['iou_median']:>6} "
               f"{row['iou_at_least_0_8']:>6} {row['emotion_agreement']:>7} {row['smoothed_agreement']:>8} "
               f"{row['clear_agreement']:>6} {row['shown_agreement']:>6} {row['showing_agreement']:>7} "
-              f"{str(row['tracks_shown_differently']) + '/' + str(row['tracks']):>6} {row['cpu_ratio']:>6}")
+              f"{str(row['tracks_shown_differently']) + '/' + str(row['tracks']):>6} {row['cpu_ratio']:>6} "
+              f"{row['follow_ms_per_face']:>9}")
         if "ceiling_iou_at_least_0_8" in row:
             print(f"{'  ceiling: the detector, frame shifted ' + str(row['ceiling_shift_px']) + ' px':76} "
                   f"{row['ceiling_iou_at_least_0_8']:>6} {row['ceiling_emotion_agreement']:>7} "
