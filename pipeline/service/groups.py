@@ -103,15 +103,23 @@ def crowded_process(cameras: Sequence[CameraConfig], inference: InferenceConfig)
     H200, 32 cameras of 1080p at 25 fps were every frame analysed in one process and 64 only 47-68 %, while 64 as 2
     groups under MPS were 99.9 % (BENCHMARKS.md). None on the CPU (the cores are the limit there) or when the
     groups are small enough."""
-    enabled = sum(1 for cam in cameras if cam.enabled)
-    if inference.device == "cpu" or enabled <= CAMERAS_PER_GROUP * inference.processes:
+    crowd = crowded_processes(cameras, inference.processes, CAMERAS_PER_GROUP)
+    if inference.device == "cpu" or crowd is None:
         return None
-    wanted = -(-enabled // CAMERAS_PER_GROUP)
-    per = -(-enabled // inference.processes)
-    return (f"{enabled} cameras in {inference.processes} process(es), {per} per process: past about "
+    wanted = -(-sum(1 for cam in cameras if cam.enabled) // CAMERAS_PER_GROUP)
+    return (f"{crowd}: past about "
             f"{CAMERAS_PER_GROUP} cameras of 1080p one process's GIL is the limit (an H200 analysed 47-68 % of the "
             f"frames of 64 cameras in one process, 99.9 % as 2 groups under NVIDIA MPS); consider processes: "
             f"{wanted} with MPS running (README, \"Many cameras: what to tune\")")
+
+
+def crowded_processes(cameras: Sequence[CameraConfig], processes: int, most: int) -> str | None:
+    """The opening of each too-many-cameras-a-process advice, `N cameras in P process(es), C a process`, when a
+    camera process (groups of the config's order, spread evenly) carries more than `most` enabled cameras; else
+    None."""
+    enabled = sum(1 for cam in cameras if cam.enabled)
+    per_process = -(-enabled // max(1, processes))
+    return f"{enabled} cameras in {processes} process(es), {per_process} a process" if per_process > most else None
 
 
 def crowded_gpus(cameras: Sequence[CameraConfig], gpus: int, most: int) -> str | None:
@@ -141,15 +149,12 @@ def follow_look_advice(cameras: Sequence[CameraConfig], interval: int, follow_by
     """Advice when each camera process follows faces by their look (tracking.follow_by: look) on frames that stay
     on the GPU for more than CAMERAS_PER_PROCESS_LOOKING cameras: there the workers' matching, not the GPU, limits
     what is analysed. None on the CPU, on the OpenCV frame path, with every frame detected, or without look."""
-    enabled = sum(1 for cam in cameras if cam.enabled)
-    per_process = -(-enabled // max(1, inference.processes))
-    if (inference.device != "cuda" or not inference.graph_frames or interval <= 1 or follow_by != "look"
-            or per_process <= CAMERAS_PER_PROCESS_LOOKING):
+    crowd = crowded_processes(cameras, inference.processes, CAMERAS_PER_PROCESS_LOOKING)
+    if inference.device != "cuda" or not inference.graph_frames or interval <= 1 or follow_by != "look" or not crowd:
         return None
-    return (f"{enabled} cameras in {inference.processes} process(es), {per_process} a process, follow faces by their "
-            f"look on GPU frames: an H100 analysed every frame of 16 cameras in one process that way but 67 % of 64 "
-            f"in groups of 32 (the workers' matching is the limit); consider follow_by: auto, or processes of at "
-            f"most {CAMERAS_PER_PROCESS_LOOKING} cameras (inference.processes)")
+    return (f"{crowd}, follow faces by their look on GPU frames: an H100 analysed every frame of 16 cameras in one "
+            f"process that way but 67 % of 64 in groups of 32 (the workers' matching is the limit); consider "
+            f"follow_by: auto, or processes of at most {CAMERAS_PER_PROCESS_LOOKING} cameras (inference.processes)")
 
 
 def cuda_graphs_advice(cameras: Sequence[CameraConfig], inference: InferenceConfig, gpus: int = 1) -> str | None:

@@ -165,7 +165,7 @@ def prepare_gpu(cfg: AppConfig) -> None:
 
 def new_tracker(cfg: AppConfig) -> IouTracker:
     """A camera's tracker; it follows faces between detections when the detector skips frames (detector.interval,
-    on both frame paths; by their look too where the frames are on the host)."""
+    on both frame paths; by their look too as tracking.follow_by says)."""
     return tracker_for(cfg.tracking, follow=cfg.detector.interval > 1)
 
 

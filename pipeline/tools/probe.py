@@ -7,8 +7,9 @@ fast and must not take a camera away from a daemon that is running:
   camera index N) that does not exist, `inference.device: cuda|tensorrt` when this onnxruntime lacks the provider
   (or `backend: tensorrt` without its packages), camera groups on a GPU without NVIDIA's MPS running, more cameras
   on a process or a GPU than it keeps up with (advice: camera groups, `detector.interval: 3`,
-  `inference.cuda_graphs`), a model without a manifest, and an int8 model file that was never prepared (the daemon
-  cannot make one at start: int8 needs calibration images). These are *warnings*, the exit stays 0: the file is
+  `inference.cuda_graphs`, `tracking.follow_by: auto` for large processes following by look on GPU frames), a
+  model without a manifest, and an int8 model file that was never prepared (the daemon cannot make one at start:
+  int8 needs calibration images). These are *warnings*, the exit stays 0: the file is
   valid, a camera may be plugged in or a file mounted after the check (the daemon keeps retrying cameras), and a
   file is often checked on another machine than the one that runs it.
 - probe (`check-config --probe PATH`) opens each enabled camera once, as the daemon would (`open_source`, one frame
