@@ -325,15 +325,24 @@ def test_following_places_the_face_between_template_pixels() -> None:
 
 def test_the_match_s_peak_is_placed_between_pixels_only_where_it_is_a_peak() -> None:
     """The parabola's vertex for a real peak (towards the higher neighbour, at most half a pixel); none for a flat,
-    rising or undefined neighbourhood (matchTemplate scores a flat patch NaN), so a box never becomes NaN."""
-    from pipeline.vision.follow import _peak_offset
+    rising, edge or undefined neighbourhood (matchTemplate scores a flat patch NaN), so a box never becomes NaN."""
+    from pipeline.vision.follow import best_places
 
-    assert _peak_offset(0.5, 1.0, 0.5) == 0.0
-    assert _peak_offset(0.9, 1.0, 0.5) == pytest.approx(-1 / 3)
-    assert _peak_offset(0.5, 1.0, 0.9) == pytest.approx(1 / 3)
-    assert _peak_offset(1.0, 1.0, 1.0) == 0.0
-    assert _peak_offset(float("nan"), 1.0, 0.5) == 0.0
-    assert _peak_offset(0.2, 0.5, 0.9) == 0.0
+    def place(row: list[float]) -> float:  # the best x of one row of scores
+        best, xs, ys = best_places(np.array([[row]], np.float32))
+        assert ys[0] == 0.0 and np.isfinite(best[0])
+        return float(xs[0])
+
+    assert place([0.5, 1.0, 0.5]) == 1.0
+    assert place([0.9, 1.0, 0.5]) == pytest.approx(1 - 1 / 3)
+    assert place([0.5, 1.0, 0.9]) == pytest.approx(1 + 1 / 3)
+    assert place([1.0, 1.0, 1.0]) == 0.0  # flat: the first best, where it is
+    assert place([float("nan"), 1.0, 0.5]) == 1.0
+    assert place([0.2, 0.5, 0.9]) == 2.0  # rising to the edge: the edge
+    best, xs, ys = best_places(np.array([[[0.1, 0.2, 0.1], [0.2, 0.9, 0.3], [0.1, 0.5, 0.1]],
+                                         [[np.nan] * 3] * 3], np.float32))
+    assert best[0] == pytest.approx(0.9, abs=1e-6) and xs[0] == pytest.approx(1 + 0.05 / 1.3) and ys[0] > 1.0
+    assert best[1] == -np.inf  # nothing to find: never above a threshold
 
 
 class _WindowedFrame:

@@ -66,6 +66,7 @@ from pipeline.modelprep.frame_graphs import (
 )
 from pipeline.modelprep.manifest import ModelManifest
 from pipeline.vision.align import align_matrix, box_crop_matrices, inverse_affine
+from pipeline.vision.follow import HOST_FOLLOWER, Follower
 
 log = logging.getLogger(__name__)
 _Built = TypeVar("_Built")
@@ -397,9 +398,10 @@ class FramePerception:
     emotions; one shared BatchedModel batches frames across cameras."""
 
     def __init__(self, model: BatchedModel, engine: FrameEngine, result_timeout_s: float = 10.0,
-                 frames_in_flight: int = 1, interval: int = 1) -> None:
+                 frames_in_flight: int = 1, interval: int = 1, follower: Follower = HOST_FOLLOWER) -> None:
         self.model = model
         self.engine = engine
+        self.follower = follower  # how the cameras' trackers find faces by their look (GPU frames: on the GPU)
         self.frames_in_flight = frames_in_flight  # per camera (inference.frames_in_flight, resolved)
         self.interval = interval  # detector.interval: frames between detections carry their tracked faces
         self._timeout = result_timeout_s
@@ -450,6 +452,9 @@ class FramePerception:
 
     def close(self) -> None:
         self.model.close()
+        close = getattr(self.follower, "close", None)
+        if close is not None:
+            close()
 
 
 def load_frame_perception(detector_path: Path, classifier_path: Path, detector: DetectorConfig,
@@ -468,10 +473,12 @@ def load_frame_perception(detector_path: Path, classifier_path: Path, detector: 
                          on_gpu=inference.device == "cuda")
     threads = inference.threads
     lanes: list[FrameLane] = []
+    follower: Follower = HOST_FOLLOWER
     if inference.device == "cuda":
         limit_cublas_workspace(inference.cublas_workspace)
         shared = share_cuda_arena(ort, limit_mb=inference.gpu_memory_limit_mb)
         lanes = _cuda_lanes(ort, graphs, inference, detector, threads or 1, shared, emotion.flip)
+        follower = _cuda_follower(ort, inference, threads or 1, shared)
     else:
         def cpu_session(graph: bytes) -> Any:
             return make_session(ort, graph, "frame graph", threads, ["CPUExecutionProvider"])
@@ -483,7 +490,23 @@ def load_frame_perception(detector_path: Path, classifier_path: Path, detector: 
                          inference.faces_per_run, inference.max_frames_per_run)
     model = BatchedModel(engine, "frames", inference.max_batch, inference.max_delay_ms, inference.queue_size)
     return FramePerception(model, engine, frames_in_flight=inference.frames_in_flight_for(graph=True),
-                           interval=detector.interval)
+                           interval=detector.interval, follower=follower)
+
+
+def _cuda_follower(ort: Any, inference: InferenceConfig, threads: int, shared_arena: bool) -> Follower:
+    """The follow graphs on the GPU (inference.following), on a stream of their own; their sessions are made when a
+    camera first follows faces by their look."""
+    from pipeline.inference.following import GraphFollower
+    from pipeline.inference.gpu.cuda import Stream, relax_capture_mode
+    from pipeline.inference.onnxruntime import cuda_provider_options, make_session
+
+    stream = Stream("follow graphs")
+
+    def cuda_session(graph: bytes) -> Any:
+        options = cuda_provider_options(stream.handle, inference.cudnn_max_workspace)
+        return make_session(ort, graph, "follow graph", threads, [("CUDAExecutionProvider", options)],
+                            shared_arena, inference.memory_pattern)
+    return GraphFollower(cuda_session, prepare_thread=relax_capture_mode, on_close=stream.close)
 
 
 def _cuda_lanes(ort: Any, graphs: FrameGraphs, inference: InferenceConfig, detector: DetectorConfig, threads: int,

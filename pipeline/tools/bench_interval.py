@@ -23,6 +23,9 @@ analysed shifted by PX pixels (the same picture, as a camera a hair to the side 
 the reference, and on the compared frames its faces are compared with the reference's the same way. On small faces
 neither the boxes nor the top emotion are stable under such a shift (group_1080p.mp4, BENCHMARKS.md), so the followed
 faces are read against this ceiling.
+
+`--follower graph`: the look is searched by the follow graphs (inference.following), which the CUDA frame graphs
+path runs on GPU frames, here on ONNX Runtime's CPU provider: the GPU path's following, measured on the CPU.
 """
 
 from __future__ import annotations
@@ -39,10 +42,12 @@ import numpy as np
 from pipeline.behavior.mapper import TargetState, decide
 from pipeline.config.app import BehaviorConfig, TrackingConfig, load_config
 from pipeline.core.types import Detection, EmotionScores
+from pipeline.inference.following import cpu_graph_follower
 from pipeline.inference.perception import Perception
 from pipeline.service.parts import tracker_for
 from pipeline.tools.bench_engine import video_frames
 from pipeline.tools.bench_pipeline import add_set_arg, with_overrides
+from pipeline.vision.follow import HOST_FOLLOWER, Follower
 from pipeline.vision.track import IouTracker, box_iou
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -74,6 +79,9 @@ def add_interval_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ceiling", type=int, default=None, metavar="PX",
                         help="also compare the detector with itself on each frame shifted right and down by PX "
                              "pixels: the most any follower can agree (one more analysis per frame)")
+    parser.add_argument("--follower", choices=("host", "graph"), default="host",
+                        help="how faces are found by their look: host (OpenCV, as host frames are) or graph (the "
+                             "follow graphs the CUDA frame graphs path runs on GPU frames, here on the CPU)")
 
 
 @dataclass
@@ -191,20 +199,20 @@ def _shifted(perception: Perception, frame: np.ndarray, shift: int) -> tuple[lis
 
 
 def _tracked(result: Agreement, tracker: IouTracker, faces: list[Detection], now: float,
-             frame: np.ndarray) -> list[int]:
+             frame: np.ndarray, follower: Follower) -> list[int]:
     """The skipping way's detection frame: its tracker takes the faces (and, following by look, their templates);
     the tracker's CPU is counted as following's."""
     started = time.process_time()
-    ids = tracker.update(faces, now, tracker.searchable(frame))
+    ids = tracker.update(faces, now, tracker.searchable(frame, follower), follower)
     result.cpu_s["follow"] += time.process_time() - started
     return ids
 
 
 def _followed(result: Agreement, tracker: IouTracker, now: float,
-              frame: np.ndarray) -> tuple[list[int], list[Detection]]:
+              frame: np.ndarray, follower: Follower) -> tuple[list[int], list[Detection]]:
     """The skipping way's frame without detection: the faces its tracker follows there, and the CPU that took."""
     started = time.process_time()
-    predicted = tracker.predict(now, tracker.searchable(frame))
+    predicted = tracker.predict(now, tracker.searchable(frame, follower), follower)
     result.cpu_s["follow"] += time.process_time() - started
     result.followed_faces += len(predicted)
     return [i for i, _ in predicted], [f for _, f in predicted]
@@ -212,11 +220,12 @@ def _followed(result: Agreement, tracker: IouTracker, now: float,
 
 def compare_intervals(perception: Perception, frames: list[np.ndarray], fps: float, interval: int,
                       ceiling: int | None = None, tracking: TrackingConfig | None = None,
-                      behavior: BehaviorConfig | None = None) -> Agreement:
+                      behavior: BehaviorConfig | None = None, follower: Follower = HOST_FOLLOWER) -> Agreement:
     """Both ways over `frames` (see the module docstring). The detection frames of the skipping way reuse the
     reference's detection and are charged its cost. `ceiling`: the frames shifted by that many pixels too.
     `tracking`: the config's tracking section (overlap, age, smoothing), as a camera worker's tracker has it;
-    `behavior`: the behavior section whose thresholds decide what the avatar shows."""
+    `behavior`: the behavior section whose thresholds decide what the avatar shows; `follower`: how the skipping
+    way finds faces by their look (`--follower`)."""
     every, skipping, shifted = (_Way(tracker_for(tracking or TrackingConfig(), follow), behavior or BehaviorConfig())
                                 for follow in (False, True, False))
     followed = 0  # frames without detection so far (emotion.flip_followed: alternate)
@@ -231,11 +240,11 @@ def compare_intervals(perception: Perception, frames: list[np.ndarray], fps: flo
         reference = (faces, scores, every.read(ids, scores, now), ids)
         started = time.process_time()
         if index % interval == 0:
-            own_ids = _tracked(result, skipping.tracker, faces, now, frame)
+            own_ids = _tracked(result, skipping.tracker, faces, now, frame, follower)
             own_faces, own_scores = faces, scores
             result.cpu_s["interval"] += cost
         else:
-            own_ids, own_faces = _followed(result, skipping.tracker, now, frame)
+            own_ids, own_faces = _followed(result, skipping.tracker, now, frame, follower)
             own_scores = perception.classify_faces(frame, own_faces, 0.0, followed=True, turn=followed)[1]
             followed += 1
         result.cpu_s["interval"] += time.process_time() - started
@@ -263,22 +272,24 @@ def bench_interval(args: argparse.Namespace) -> dict[str, Any]:
     config = with_overrides(load_config(args.config), args.overrides)
     perception = Perception.from_config(config)
     perception.warm_up()
+    follower = cpu_graph_follower(config.inference.threads) if args.follower == "graph" else HOST_FOLLOWER
     try:
         rows = []
         for video in args.video:
             frames, fps = frames_of(video)
             for interval in args.interval:
                 agreement = compare_intervals(perception, frames, fps, interval, args.ceiling, config.tracking,
-                                              config.behavior)
+                                              config.behavior, follower)
                 rows.append({"video": video.name, "interval": interval, **agreement.summary(),
                              **({"ceiling_shift_px": args.ceiling} if args.ceiling is not None else {})})
     finally:
         perception.close()
-    return {"mode": "interval", "model": perception.classifier.model.name, "rows": rows}
+    return {"mode": "interval", "model": perception.classifier.model.name, "follower": args.follower, "rows": rows}
 
 
 def print_interval_table(result: dict[str, Any]) -> None:
-    print(f"detector every Nth frame vs every frame, emotion model {result['model']}")
+    print(f"detector every Nth frame vs every frame, emotion model {result['model']}, "
+          f"look follower {result.get('follower', 'host')}")
     print(f"{'video':22} {'N':>2} {'frames':>6} {'compared':>8} {'no ref':>6} {'IoU min':>7} {'p5':>6} "
           f"{'median':>6} {'>=0.8':>6} {'emotion':>7} {'smoothed':>8} {'clear':>6} {'shown':>6} {'showing':>7} "
           f"{'tracks':>6} {'CPU x':>6} {'follow ms':>9}")

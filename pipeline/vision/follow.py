@@ -5,14 +5,17 @@ Why: with `detector.interval` the frames between detections take their faces fro
 alone misses a camera that pans unevenly or a visitor who stops (group_1080p.mp4: faces moving 35 px a frame); the
 face's own pixels say where it went, for well under a millisecond per face at template scale.
 
-A frame that stays on the GPU (NVDEC) is read the same way: only the window around the face is copied to the host
-(`DeviceImage.windows`: every face of the frame in one round trip), never the whole frame (`tracking.follow_by`).
+A frame that stays on the GPU (NVDEC) is read the same way by `HostFollower`: only the window around the face is
+copied to the host (`DeviceImage.windows`: every face of the frame in one round trip), never the whole frame. On the
+CUDA frame graphs path the search itself runs on the GPU instead (inference.following.GraphFollower, the same
+formula; only the scores come down): a `Follower` is either (`tracking.follow_by`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import cv2
 import numpy as np
@@ -90,22 +93,33 @@ def face_template(frame: FrameImage, box: Box) -> FaceTemplate | None:
     return face_templates(frame, [box])[0]
 
 
-def _peak_offset(before: float, at: float, after: float) -> float:
-    """Where a parabola through three neighbouring scores peaks, relative to the middle one (-0.5 to 0.5)."""
+def best_places(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For score maps [F, h, w]: each map's best score [F] (-inf where none is finite) and its place x, y [F] in
+    score pixels, moved within its pixel to where a parabola through it and its two neighbours peaks (-0.5 to 0.5;
+    0 at an edge, or where the scores are flat or undefined: a flat patch scores NaN).
+
+    Why sub-pixel: one template pixel is 4 frame pixels of a 100 px face, and a box off by that much changes the
+    emotion read from it (BENCHMARKS.md, "Followed faces placed between template pixels")."""
+    faces, height, width = scores.shape
+    clean = np.where(np.isfinite(scores), scores, -np.inf).astype(np.float64)
+    at = clean.reshape(faces, -1).argmax(axis=1)  # the first best, as cv2.minMaxLoc finds it
+    by, bx = np.divmod(at, width)
+    padded = np.pad(clean, ((0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    rows, x, y = np.arange(faces), bx + 1, by + 1
+    best = padded[rows, y, x]
+    with np.errstate(invalid="ignore"):
+        dx = _peak_offsets(padded[rows, y, x - 1], best, padded[rows, y, x + 1])
+        dy = _peak_offsets(padded[rows, y - 1, x], best, padded[rows, y + 1, x])
+    return best, bx + dx, by + dy
+
+
+def _peak_offsets(before: np.ndarray, at: np.ndarray, after: np.ndarray) -> np.ndarray:
+    """Where a parabola through three neighbouring scores peaks, relative to the middle one; 0 where it does not
+    curve downwards or a neighbour is missing."""
     curvature = before - 2.0 * at + after
-    if not np.isfinite(curvature) or curvature >= 0:  # flat or undefined (a flat patch scores NaN): stay put
-        return 0.0
-    return float(np.clip(0.5 * (before - after) / curvature, -0.5, 0.5))
-
-
-def _subpixel(scores: np.ndarray, bx: int, by: int) -> tuple[float, float]:
-    """The best match's position within its template pixel. Why: one template pixel is 4 frame pixels of a 100 px
-    face, and a box off by that much changes the emotion read from it (BENCHMARKS.md, "Followed faces placed between
-    template pixels")."""
-    row, col = scores[by], scores[:, bx]
-    dx = _peak_offset(row[bx - 1], row[bx], row[bx + 1]) if 0 < bx < len(row) - 1 else 0.0
-    dy = _peak_offset(col[by - 1], col[by], col[by + 1]) if 0 < by < len(col) - 1 else 0.0
-    return dx, dy
+    curved = np.isfinite(curvature) & (curvature < 0)
+    offset = 0.5 * (before - after) / np.where(curved, curvature, -1.0)
+    return np.where(curved, np.clip(offset, -0.5, 0.5), 0.0)
 
 
 def locate_all(frame: FrameImage, wanted: Sequence[tuple[FaceTemplate, Box]]) -> list[Box | None]:
@@ -133,10 +147,36 @@ def _match(cut: tuple[np.ndarray, tuple[int, int]] | None, template: FaceTemplat
     if pixels.shape[0] < template.pixels.shape[0] or pixels.shape[1] < template.pixels.shape[1]:
         return None
     scores = cv2.matchTemplate(pixels, template.pixels, cv2.TM_CCOEFF_NORMED)
-    _, best, _, (bx, by) = cv2.minMaxLoc(scores)
-    if not np.isfinite(best) or best < MIN_SCORE:
+    best, xs, ys = best_places(scores[None])
+    if not best[0] >= MIN_SCORE:
         return None
-    dx, dy = _subpixel(scores, bx, by)
-    left, top = x1 + (bx + dx) / template.scale, y1 + (by + dy) / template.scale
+    left, top = x1 + float(xs[0]) / template.scale, y1 + float(ys[0]) / template.scale
     box_w, box_h = template.box[2] - template.box[0], template.box[3] - template.box[1]
     return (left, top, left + box_w, top + box_h)
+
+
+class Follower(Protocol):
+    """How a tracker finds its faces by their look: templates cut at a detection, then searched for between them.
+    `searches_device_frames`: whether a frame on the GPU is searched there (cheap), not copied down window by window."""
+
+    searches_device_frames: bool
+
+    def templates(self, frame: FrameImage, boxes: Sequence[Box]) -> list[FaceTemplate | None]: ...
+
+    def locate(self, frame: FrameImage, wanted: Sequence[tuple[FaceTemplate, Box]]) -> list[Box | None]: ...
+
+
+class HostFollower:
+    """Templates and search on the host with OpenCV (`face_templates`, `locate_all`); a GPU frame's windows are
+    copied down for it."""
+
+    searches_device_frames = False
+
+    def templates(self, frame: FrameImage, boxes: Sequence[Box]) -> list[FaceTemplate | None]:
+        return face_templates(frame, boxes)
+
+    def locate(self, frame: FrameImage, wanted: Sequence[tuple[FaceTemplate, Box]]) -> list[Box | None]:
+        return locate_all(frame, wanted)
+
+
+HOST_FOLLOWER = HostFollower()

@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 
 from pipeline.core.types import Detection, EmotionScores, FrameImage
-from pipeline.vision.follow import FaceTemplate, face_templates, locate_all
+from pipeline.vision.follow import HOST_FOLLOWER, FaceTemplate, Follower
 
 Box = tuple[float, float, float, float]
 FollowBy = Literal["auto", "look", "motion"]  # tracking.follow_by: what a followed face is found by (see the config)
@@ -112,19 +112,20 @@ class IouTracker:
         self._ids = count(1)
         self.detected_at = float("-inf")  # when `update` last ran: the detection `predict` follows from
 
-    def searchable(self, image: FrameImage) -> FrameImage | None:
+    def searchable(self, image: FrameImage, follower: Follower = HOST_FOLLOWER) -> FrameImage | None:
         """The frame to hand `update` and `predict` for finding faces by their look, or None: not following (every
-        frame detected), following by motion alone (`tracking.follow_by: motion`), or a frame on the GPU under
-        `auto`. With `look` a GPU frame is searched too: each face's window is copied down, not the frame."""
+        frame detected), following by motion alone (`tracking.follow_by: motion`), or, under `auto`, a frame on the
+        GPU that `follower` would search by copying windows down. With `look` a GPU frame is searched either way."""
         if not self.follow or self.follow_by == "motion":
             return None
-        if self.follow_by == "auto" and not isinstance(image, np.ndarray):
+        if self.follow_by == "auto" and not isinstance(image, np.ndarray) and not follower.searches_device_frames:
             return None
         return image
 
-    def update(self, faces: list[Detection], now: float, frame: FrameImage | None = None) -> list[int]:
+    def update(self, faces: list[Detection], now: float, frame: FrameImage | None = None,
+               follower: Follower = HOST_FOLLOWER) -> list[int]:
         """Assign a track id to each face (same order), expiring tracks unseen for max_age_s; with the frame, each
-        face's look is kept for `predict` to find it again."""
+        face's look is kept (by `follower`) for `predict` to find it again."""
         self.tracks = {k: t for k, t in self.tracks.items() if now - t.last_seen <= self.max_age_s}
         self.detected_at = now
         live = list(self.tracks.values())
@@ -140,7 +141,8 @@ class IouTracker:
                 taken.add(track_i)
         if self.follow:
             self._match_near(faces, live, expected, ids, taken)
-        templates = face_templates(frame, [face.box for face in faces]) if frame is not None else [None] * len(faces)
+        templates = (follower.templates(frame, [face.box for face in faces]) if frame is not None and faces
+                     else [None] * len(faces))
         for index, (face, template) in enumerate(zip(faces, templates)):
             track_id = ids[index]
             if track_id is None:
@@ -174,7 +176,8 @@ class IouTracker:
                 ids[face_i] = live[track_i].track_id
                 taken.add(track_i)
 
-    def predict(self, now: float, frame: FrameImage | None = None) -> list[tuple[int, Detection]]:
+    def predict(self, now: float, frame: FrameImage | None = None,
+                follower: Follower = HOST_FOLLOWER) -> list[tuple[int, Detection]]:
         """The faces of a frame that skips the detector: each track the last detection run found, with that
         detection moved to where the track's motion puts it at `now` and, given the frame, to where its look is
         found near there (the track then moves there too).
@@ -187,8 +190,8 @@ class IouTracker:
                     and track.last_seen >= self.detected_at and now - track.last_seen <= self.max_age_s]
         boxes = [track.box_at(now) for track, _ in followed]
         looked = [(i, track.template) for i, (track, _) in enumerate(followed) if track.template is not None]
-        if frame is not None and looked:  # every followed face's search window in one go (one round trip on a GPU)
-            found = locate_all(frame, [(template, boxes[i]) for i, template in looked])
+        if frame is not None and looked:  # every followed face at once (one round trip on a GPU)
+            found = follower.locate(frame, [(template, boxes[i]) for i, template in looked])
             for (i, _), place in zip(looked, found):
                 if place is not None:
                     followed[i][0].moved_to(place, now)

@@ -1,0 +1,192 @@
+"""Following faces by their look on the GPU: the follow graphs (modelprep.follow_graphs) run where the frame is.
+
+Why: on the CUDA frame graphs path a camera's frames stay in GPU memory. Following by look on the host
+(vision.follow.HostFollower) copies every followed face's search window down and matches it in OpenCV on the camera's
+worker thread: at 150 cameras on an H100 that was 4.4 more cores than following by motion, and the workers, not the
+GPU, became the limit past ~16 cameras a process (BENCHMARKS.md, "Following by look or by motion"). Here one session
+run a frame cuts every face's template or search window from the frame on the GPU and correlates them there; only
+the score maps (~4 KB a face) come down, and the peak is found for all faces at once in numpy.
+
+`GraphFollower` serves every camera of a process: one session per role and frame format, made on first use and run
+from the cameras' worker threads (ONNX Runtime's Run is thread-safe). Host frames are followed on the host as before,
+unless the follower runs on the CPU (`host_frames`: the graphs on host frames, for tests and `bench interval`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from pipeline.core.types import ChannelOrder, FrameImage
+from pipeline.inference.batching import ModelClosedError
+from pipeline.modelprep.follow_graphs import (
+    SCORE_OUTPUT,
+    TEMPLATE_INPUT,
+    FollowGeometry,
+    match_graph,
+    sampling_matrix,
+    template_graph,
+)
+from pipeline.modelprep.frame_graphs import FRAME_INDEX_INPUT, FRAME_INPUT, MATRIX_INPUT, FrameFormat
+from pipeline.vision.follow import HOST_FOLLOWER, MIN_SCORE, Box, FaceTemplate, best_places
+
+GRAPHS = {"templates": template_graph, "match": match_graph}
+MIN_FACE_PX = 4  # a box narrower or lower than this has no template (as on the host)
+
+
+def padded_count(faces: int) -> int:
+    """The next power of two: a session meets a handful of face counts, not every one (each new shape is planned)."""
+    return 1 << max(0, faces - 1).bit_length()
+
+
+class GraphFollower:
+    """A vision.follow.Follower that searches GPU frames on the GPU (see the module docstring).
+
+    `session_factory(graph bytes)` makes one session; `prepare_thread`, when given, is called once on each thread
+    before its first run on a GPU frame (CUDA: relax the thread's capture mode beside inference.cuda_graphs
+    recordings); `on_close` after the sessions are dropped (CUDA: their stream is drained and destroyed)."""
+
+    searches_device_frames = True
+
+    def __init__(self, session_factory: Callable[[bytes], Any], host_frames: bool = False,
+                 geometry: FollowGeometry = FollowGeometry(),
+                 prepare_thread: Callable[[], None] | None = None, device_id: int = 0,
+                 on_close: Callable[[], None] | None = None) -> None:
+        self._factory = session_factory
+        self._on_close = on_close
+        self._host_frames = host_frames
+        self.geometry = geometry
+        self._prepare_thread = prepare_thread
+        self._device_id = device_id
+        self._sessions: dict[tuple[FrameFormat, str], Any] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def templates(self, frame: FrameImage, boxes: Sequence[Box]) -> list[FaceTemplate | None]:
+        """Each box's grey template at the geometry's fixed size (None for a box under MIN_FACE_PX)."""
+        if self._on_host(frame):
+            return HOST_FOLLOWER.templates(frame, boxes)
+        size, k = self.geometry.template, self.geometry.supersample
+        usable = [i for i, box in enumerate(boxes) if min(box[2] - box[0], box[3] - box[1]) >= MIN_FACE_PX]
+        templates: list[FaceTemplate | None] = [None] * len(boxes)
+        if not usable:
+            return templates
+        matrices = [sampling_matrix(boxes[i], size, k) for i in usable]
+        pixels = self._run(frame, "templates", matrices, None)
+        for row, i in enumerate(usable):
+            box = boxes[i]
+            templates[i] = FaceTemplate(pixels[row], size[0] / (box[2] - box[0]), box)
+        return templates
+
+    def locate(self, frame: FrameImage, wanted: Sequence[tuple[FaceTemplate, Box]]) -> list[Box | None]:
+        """Where each template's face is: the best correlation within its search window (centred on the expected
+        box), None where it is below vision.follow.MIN_SCORE or the template was not made by this follower."""
+        if self._on_host(frame):
+            return HOST_FOLLOWER.locate(frame, wanted)
+        tw, th = self.geometry.template
+        ours = [i for i, (template, _) in enumerate(wanted) if template.pixels.shape == (th, tw)]
+        found: list[Box | None] = [None] * len(wanted)
+        if not ours:
+            return found
+        windows = [self._window(*wanted[i]) for i in ours]
+        matrices = [sampling_matrix(window, self.geometry.window, self.geometry.supersample) for window in windows]
+        templates = np.stack([wanted[i][0].pixels for i in ours]).astype(np.float32, copy=False)
+        best, xs, ys = best_places(self._run(frame, "match", matrices, templates))
+        for row, i in enumerate(ours):
+            if best[row] >= MIN_SCORE:
+                template = wanted[i][0]
+                width, height = template.box[2] - template.box[0], template.box[3] - template.box[1]
+                left = windows[row][0] + float(xs[row]) * width / tw
+                top = windows[row][1] + float(ys[row]) * height / th
+                found[i] = (left, top, left + width, top + height)
+        return found
+
+    def _window(self, template: FaceTemplate, expected: Box) -> Box:
+        """The search window: centred on the expected box, the template's scale, `margin` template pixels more on
+        each side than the template."""
+        tw, th = self.geometry.template
+        ww, wh = self.geometry.window
+        per_x = (template.box[2] - template.box[0]) / tw  # frame pixels per template pixel
+        per_y = (template.box[3] - template.box[1]) / th
+        cx, cy = (expected[0] + expected[2]) / 2.0, (expected[1] + expected[3]) / 2.0
+        return (cx - ww * per_x / 2.0, cy - wh * per_y / 2.0, cx + ww * per_x / 2.0, cy + wh * per_y / 2.0)
+
+    def _on_host(self, frame: FrameImage) -> bool:
+        return isinstance(frame, np.ndarray) and not self._host_frames
+
+    def _run(self, frame: FrameImage, role: str, matrices: list[np.ndarray], templates: np.ndarray | None
+             ) -> np.ndarray:
+        """One run of a role's graph over a frame's faces, padded to a power of two; the first `len(matrices)` rows of
+        its output."""
+        count = len(matrices)
+        padded = padded_count(count)
+        feeds: dict[str, np.ndarray] = {
+            MATRIX_INPUT: np.stack(matrices + [matrices[0]] * (padded - count)),
+            FRAME_INDEX_INPUT: np.zeros(padded, np.int64)}
+        if templates is not None:
+            feeds[TEMPLATE_INPUT] = np.concatenate([templates, np.zeros((padded - count, *templates.shape[1:]),
+                                                                        np.float32)])
+        output = TEMPLATE_INPUT if templates is None else SCORE_OUTPUT
+        height, width = frame.shape[:2]
+        session = self._session(FrameFormat(int(width), int(height), _order(frame)), role)
+        if isinstance(frame, np.ndarray):
+            result = session.run([output], {FRAME_INPUT: frame[None], **feeds})[0]
+        else:
+            result = self._run_bound(session, frame, feeds, output)
+        return np.asarray(result)[:count]
+
+    def _run_bound(self, session: Any, frame: Any, feeds: dict[str, np.ndarray], output: str) -> np.ndarray:
+        """A GPU frame bound in place (no copy of it anywhere); the small inputs go up, the scores come down."""
+        if self._prepare_thread is not None and not getattr(_thread_state, "prepared", False):
+            self._prepare_thread()
+            _thread_state.prepared = True
+        binding = session.io_binding()
+        height, width, _ = frame.shape
+        binding.bind_input(FRAME_INPUT, "cuda", self._device_id, np.uint8, [1, height, width, 3], frame.ptr)
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        binding.bind_output(output, "cpu")
+        session.run_with_iobinding(binding)
+        return np.asarray(binding.copy_outputs_to_cpu()[0])
+
+    def _session(self, fmt: FrameFormat, role: str) -> Any:
+        key = (fmt, role)
+        session = self._sessions.get(key)
+        if session is not None:
+            return session
+        with self._lock:
+            if self._closed:
+                raise ModelClosedError("the follow graphs are closed")
+            if key not in self._sessions:
+                self._sessions[key] = self._factory(GRAPHS[role](fmt, self.geometry).SerializeToString())
+            return self._sessions[key]
+
+    def close(self) -> None:
+        """Drop the sessions; a later run refuses."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._sessions.clear()
+        if self._on_close is not None:
+            self._on_close()
+
+
+_thread_state = threading.local()
+
+
+def cpu_graph_follower(threads: int = 1) -> GraphFollower:
+    """The follow graphs on ONNX Runtime's CPU provider, host frames included: what GPU frames get, measurable
+    here (`bench interval --follower graph`, the tests)."""
+    from pipeline.inference.onnxruntime import import_ort, make_session
+
+    ort = import_ort()
+    return GraphFollower(lambda graph: make_session(ort, graph, "follow graph", threads, ["CPUExecutionProvider"]),
+                         host_frames=True)
+
+
+def _order(frame: FrameImage) -> ChannelOrder:
+    return "bgr" if isinstance(frame, np.ndarray) else frame.order

@@ -1,0 +1,134 @@
+"""Follow graphs: finding a face again by its look on a frame that stays in GPU memory (`tracking.follow_by`), as
+ONNX, so only a few kilobytes of scores come down instead of every face's window of pixels.
+
+- `template_graph`: frames + one sampling matrix per face → each face's grey template at a fixed size
+  (`FollowGeometry.template`), area-averaged: the face box sampled bilinearly at `supersample`× the template's
+  resolution, then each `supersample`² block averaged (close to cv2.INTER_AREA at the faces' usual 2-4× shrink).
+- `match_graph`: frames + one sampling matrix per face (its search window: the template's size plus `margin`
+  template pixels on each side, at the template's scale) + the templates → normalised cross-correlation scores
+  [F, 2 my + 1, 2 mx + 1], cv2.TM_CCOEFF_NORMED's formula: the centred template correlated with each window
+  position, over the template's and the position's energies.
+
+Why fixed sizes: every shape stays static but the face count, so one session serves every face size. Why a Conv
+of every window with every template ([F, F, ...]) and its diagonal kept: ONNX Conv has no per-sample weights and its
+`group` is fixed when built; for a frame's few faces the wasted products cost the GPU microseconds, and the memory
+stays [F², positions] instead of [F, positions, template pixels]. The window's energy at each position comes from
+AveragePool over the window and its square (centred by the window's mean first, so float32 keeps its precision).
+
+Inputs and sampling reuse the crop graph's bilinear part (modelprep.frame_graphs): `frames` uint8 [1, H, W, 3] in
+the frame's order, `crop_matrix` [F, 2, 3] (supersampled pixel centre → frame pixel centre), `crop_frame` [F].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from pipeline.modelprep.frame_graphs import (
+    CLASSIFIER_OPSET,
+    GRAY_BITS,
+    GRAY_RGB,
+    FrameFormat,
+    _bilinear_crop,
+    _Builder,
+    _crop_inputs,
+    _standalone,
+)
+
+TEMPLATE_INPUT = "follow_templates"  # the match graph's templates; also the template graph's output
+SCORE_OUTPUT = "follow_scores"
+
+
+@dataclass(frozen=True)
+class FollowGeometry:
+    """Sizes fixed when a follow graph is built: the template's (width, height) in template pixels, the search
+    margin on each side (x, y) in template pixels, and the bilinear samples per template pixel along each axis."""
+
+    template: tuple[int, int] = (24, 30)
+    margin: tuple[int, int] = (14, 18)
+    supersample: int = 3
+
+    @property
+    def window(self) -> tuple[int, int]:
+        """The search window's (width, height) in template pixels."""
+        return self.template[0] + 2 * self.margin[0], self.template[1] + 2 * self.margin[1]
+
+    @property
+    def scores(self) -> tuple[int, int]:
+        """The score map's (width, height): one score per template position within the window."""
+        return 2 * self.margin[0] + 1, 2 * self.margin[1] + 1
+
+
+def _grey_area(b: _Builder, frame: FrameFormat, size: tuple[int, int], supersample: int) -> str:
+    """Each face's region as grey float [F, h, w] (cv2's grey weights, unrounded), every output pixel the mean of
+    `supersample`² bilinear samples."""
+    width, height = size
+    k = supersample
+    crop = _bilinear_crop(b, frame, (width * k, height * k))  # [F, h k, w k, 3], in the frame's order
+    weights = np.asarray(GRAY_RGB if frame.order == "rgb" else GRAY_RGB[::-1], np.float32) / float(1 << GRAY_BITS)
+    grey = b.op("ReduceSum", b.op("Mul", crop, b.const(weights)), b.const([3], np.int64), keepdims=0)
+    blocks = b.op("Reshape", grey, b.const([-1, height, k, width, k], np.int64))
+    return b.op("ReduceMean", blocks, axes=[2, 4], keepdims=0)
+
+
+def template_graph(frame: FrameFormat, geometry: FollowGeometry = FollowGeometry()) -> onnx.ModelProto:
+    """(`frames`, `crop_matrix`, `crop_frame`) → `follow_templates` float [F, th, tw] (see the module docstring)."""
+    b = _Builder("follow")
+    b.op("Identity", _grey_area(b, frame, geometry.template, geometry.supersample), out=TEMPLATE_INPUT)
+    width, height = geometry.template
+    output = helper.make_tensor_value_info(TEMPLATE_INPUT, TensorProto.FLOAT, ["faces", height, width])
+    return _standalone(b, _crop_inputs(frame), [output], CLASSIFIER_OPSET, "follow_templates")
+
+
+def _centred(b: _Builder, x: str, axes: list[int]) -> str:
+    return b.op("Sub", x, b.op("ReduceMean", x, axes=axes, keepdims=1))
+
+
+def _diagonal(b: _Builder, pairs: str, faces: str, size: tuple[int, int]) -> str:
+    """[F, F, h, w] → [F, h, w]: each face's own pair (f, f)."""
+    flat = b.op("Reshape", pairs, b.const([-1, size[1], size[0]], np.int64))  # [F * F, h, w]
+    count = b.op("Squeeze", faces, b.const([0], np.int64))
+    own = b.op("Mul", b.op("Range", b.const(0, np.int64), count, b.const(1, np.int64)),
+               b.op("Add", count, b.const(1, np.int64)))
+    return b.op("Gather", flat, own, axis=0)
+
+
+def match_graph(frame: FrameFormat, geometry: FollowGeometry = FollowGeometry()) -> onnx.ModelProto:
+    """(`frames`, `crop_matrix`, `crop_frame`, `follow_templates`) → `follow_scores` float [F, sh, sw]: the
+    normalised cross-correlation of each face's template at every position of its search window."""
+    b = _Builder("follow")
+    tw, th = geometry.template
+    windows = b.op("Unsqueeze", _grey_area(b, frame, geometry.window, geometry.supersample),
+                   b.const([1], np.int64))  # [F, 1, SH, SW]
+    windows = _centred(b, windows, [2, 3])
+    templates = _centred(b, b.op("Unsqueeze", TEMPLATE_INPUT, b.const([1], np.int64)), [2, 3])  # [F, 1, th, tw]
+    faces = b.op("Slice", b.op("Shape", TEMPLATE_INPUT), b.const([0], np.int64), b.const([1], np.int64))
+    pairs = b.op("Conv", windows, templates, kernel_shape=[th, tw])  # [F, F, sh, sw]
+    products = _diagonal(b, pairs, faces, geometry.scores)
+    mean = b.op("AveragePool", windows, kernel_shape=[th, tw])
+    square_mean = b.op("AveragePool", b.op("Mul", windows, windows), kernel_shape=[th, tw])
+    variance = b.op("Relu", b.op("Sub", square_mean, b.op("Mul", mean, mean)))  # [F, 1, sh, sw]
+    window_energy = b.op("Mul", b.op("Squeeze", variance, b.const([1], np.int64)), b.const(float(tw * th)))
+    template_energy = b.op("ReduceSum", b.op("Mul", templates, templates), b.const([1, 2, 3], np.int64),
+                           keepdims=1)  # [F, 1, 1, 1]
+    template_energy = b.op("Squeeze", template_energy, b.const([1], np.int64))  # [F, 1, 1]
+    # a flat window or template has no energy: its scores come out ~0, below any match threshold
+    energy = b.op("Add", b.op("Mul", window_energy, template_energy), b.const(1e-3))
+    b.op("Div", products, b.op("Sqrt", energy), out=SCORE_OUTPUT)
+    sw, sh = geometry.scores
+    inputs = [*_crop_inputs(frame),
+              helper.make_tensor_value_info(TEMPLATE_INPUT, TensorProto.FLOAT, ["faces", th, tw])]
+    output = helper.make_tensor_value_info(SCORE_OUTPUT, TensorProto.FLOAT, ["faces", sh, sw])
+    return _standalone(b, inputs, [output], CLASSIFIER_OPSET, "follow_match")
+
+
+def sampling_matrix(box: tuple[float, float, float, float], size: tuple[int, int], supersample: int) -> np.ndarray:
+    """The crop matrix [2, 3] that samples `box` (x1, y1, x2, y2, continuous frame coordinates) at `size` × the
+    supersampling: supersampled pixel centre (u, v) → frame pixel centre."""
+    step_x = (box[2] - box[0]) / (size[0] * supersample)
+    step_y = (box[3] - box[1]) / (size[1] * supersample)
+    return np.array([[step_x, 0.0, box[0] + 0.5 * step_x - 0.5],
+                     [0.0, step_y, box[1] + 0.5 * step_y - 0.5]], np.float32)
