@@ -359,3 +359,43 @@ def test_models_that_do_not_fit_are_refused(models: dict[str, Path]) -> None:
         crop_classify_graph(classifier, frame, CROP_SIZE, "rgb")
     with pytest.raises(GraphEditError, match="no input 'pixels'"):
         crop_classify_graph(classifier, frame, CROP_SIZE, "gray", classifier_input="pixels")
+
+
+def test_follow_graphs_correlate_as_opencv_and_shrink_faces_as_inter_area(perception: object) -> None:
+    """modelprep.follow_graphs on the crowd (faces of the first frame searched for in the fourth): the match graph's
+    scores are cv2.matchTemplate's TM_CCOEFF_NORMED of the graph's own window and template (to 1e-4), and its best
+    place is OpenCV's; each template is the face shrunk by cv2.INTER_AREA to about a grey level."""
+    from pipeline.modelprep.follow_graphs import FollowGeometry, match_graph, sampling_matrix, template_graph
+
+    frames = _frames("group_1080p.mp4", 2, 3)
+    boxes = [face.box for face in perception.analyze(frames[0])[0]]  # type: ignore[attr-defined]
+    assert len(boxes) >= 3
+    geometry, fmt = FollowGeometry(), FrameFormat(frames.shape[2], frames.shape[1], "bgr")
+    k, (ww, wh), (tw, th) = geometry.supersample, geometry.window, geometry.template
+    (mx, my) = geometry.margin
+    reach = [(mx * (box[2] - box[0]) / tw, my * (box[3] - box[1]) / th) for box in boxes]
+    windows = [(box[0] - dx, box[1] - dy, box[2] + dx, box[3] + dy) for box, (dx, dy) in zip(boxes, reach)]
+    index = np.zeros(len(boxes), np.int64)
+
+    def cut(size: tuple[int, int], regions: list, frame: np.ndarray) -> np.ndarray:
+        session = _session(template_graph(fmt, FollowGeometry(template=size, margin=(0, 0), supersample=k)))
+        matrices = np.stack([sampling_matrix(region, size, k) for region in regions])
+        return session.run(None, {FRAME_INPUT: frame[None], MATRIX_INPUT: matrices, FRAME_INDEX_INPUT: index})[0]
+
+    templates, seen = cut((tw, th), boxes, frames[0]), cut((ww, wh), windows, frames[1])
+    matrices = np.stack([sampling_matrix(window, (ww, wh), k) for window in windows])
+    scores = _session(match_graph(fmt, geometry)).run(None, {
+        FRAME_INPUT: frames[1][None], MATRIX_INPUT: matrices, FRAME_INDEX_INPUT: index,
+        "follow_templates": templates})[0]
+    assert scores.shape == (len(boxes), 2 * geometry.margin[1] + 1, 2 * geometry.margin[0] + 1)
+    found = 0
+    for face, box in enumerate(boxes):
+        expected = cv2.matchTemplate(seen[face], templates[face], cv2.TM_CCOEFF_NORMED)
+        assert np.abs(scores[face] - expected).max() < 1e-4
+        assert scores[face].argmax() == expected.argmax()
+        found += int(expected.max() > 0.8)
+        x1, y1, x2, y2 = (int(round(v)) for v in box)
+        grey = cv2.cvtColor(frames[0][y1:y2, x1:x2], cv2.COLOR_BGR2GRAY)
+        shrunk = cv2.resize(grey, (tw, th), interpolation=cv2.INTER_AREA).astype(np.float32)
+        assert np.abs(shrunk - templates[face]).mean() < 2.0
+    assert found >= len(boxes) // 2  # most faces are plainly there three frames on

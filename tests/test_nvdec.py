@@ -207,6 +207,43 @@ def test_faces_on_nvdec_frames_are_followed_by_look_from_windows_as_on_their_hos
     assert moved_by_look > 0  # the look moved some face off its motion's guess: the windows were searched
 
 
+@pytest.mark.gpu
+@needs_nvdec
+def test_faces_on_nvdec_frames_are_followed_on_the_gpu_as_the_follow_graphs_follow_them_on_the_cpu(
+        perception: object) -> None:
+    """The CUDA frame graphs path's follower (inference.following, `tracking.follow_by: auto`): NVDEC frames are
+    searched in place on the GPU, and the crowd's faces are found where the same graphs on the CPU put them on the
+    frames' host copies (within a quarter pixel: only float rounding differs), away from the motion's guess."""
+    from pipeline.inference.following import cpu_graph_follower, cuda_graph_follower
+    from pipeline.inference.onnxruntime import import_ort
+    from pipeline.inference.settings import InferenceConfig
+    from pipeline.vision.track import IouTracker
+
+    frames = nvdec_frames(data_path("video", "group_1080p.mp4"), 6)
+    hosts = [frame.to_host() for frame in frames]
+    faces = perception.analyze(hosts[0])[0]  # type: ignore[attr-defined]
+    assert len(faces) >= 3
+    on_gpu, on_cpu = cuda_graph_follower(import_ort(), InferenceConfig(device="cuda")), cpu_graph_follower()
+    gpu_tracker, cpu_tracker, by_motion = (IouTracker(follow=True, follow_by=way) for way in ("auto", "look", "motion"))
+    try:
+        assert gpu_tracker.searchable(frames[0], on_gpu) is frames[0]  # auto searches GPU frames with this follower
+        gpu_tracker.update(faces, 0.0, frames[0], on_gpu)
+        cpu_tracker.update(faces, 0.0, hosts[0], on_cpu)
+        by_motion.update(faces, 0.0)
+        moved_by_look = 0
+        for index in range(1, len(frames)):
+            now = index / 25.0
+            gpu_boxes = np.array([face.box for _, face in gpu_tracker.predict(now, frames[index], on_gpu)])
+            cpu_boxes = np.array([face.box for _, face in cpu_tracker.predict(now, hosts[index], on_cpu)])
+            motion_boxes = np.array([face.box for _, face in by_motion.predict(now)])
+            assert gpu_boxes.shape == cpu_boxes.shape == motion_boxes.shape
+            assert np.abs(gpu_boxes - cpu_boxes).max() < 0.25, index
+            moved_by_look += int((np.abs(gpu_boxes - motion_boxes).max(axis=1) > 1.0).sum())
+        assert moved_by_look > 0
+    finally:
+        on_gpu.close()
+
+
 # ---------------------------------------------------------------- the frame pools' ledger (everywhere)
 
 class _CudaRuntimeStandIn:

@@ -22,6 +22,7 @@ import numpy as np
 
 from pipeline.core.types import ChannelOrder, FrameImage
 from pipeline.inference.batching import ModelClosedError
+from pipeline.inference.settings import InferenceConfig
 from pipeline.modelprep.follow_graphs import (
     SCORE_OUTPUT,
     TEMPLATE_INPUT,
@@ -190,3 +191,20 @@ def cpu_graph_follower(threads: int = 1) -> GraphFollower:
 
 def _order(frame: FrameImage) -> ChannelOrder:
     return "bgr" if isinstance(frame, np.ndarray) else frame.order
+
+
+def cuda_graph_follower(ort: Any, inference: InferenceConfig, threads: int = 1,
+                        shared_arena: bool = False) -> GraphFollower:
+    """The follow graphs on the GPU, on a stream of their own, with the frame graphs' provider options; their
+    sessions are made when a camera first follows faces by their look."""
+    from pipeline.inference.gpu.cuda import Stream, relax_capture_mode
+    from pipeline.inference.onnxruntime import cuda_provider_options, make_session
+
+    stream = Stream("follow graphs")
+
+    def cuda_session(graph: bytes) -> Any:
+        # full float32 in the correlation (no TF32): its few products cost the GPU nothing either way
+        options = {**cuda_provider_options(stream.handle, inference.cudnn_max_workspace), "use_tf32": "0"}
+        return make_session(ort, graph, "follow graph", threads, [("CUDAExecutionProvider", options)],
+                            shared_arena, inference.memory_pattern)
+    return GraphFollower(cuda_session, prepare_thread=relax_capture_mode, on_close=stream.close)

@@ -461,6 +461,7 @@ def load_frame_perception(detector_path: Path, classifier_path: Path, detector: 
                           emotion: EmotionConfig, classifier: ModelManifest, inference: InferenceConfig,
                           precision: str) -> FramePerception:
     """The frame graphs path on `inference.device` (cpu or cuda), one lane per `inference.lanes`."""
+    from pipeline.inference.following import cuda_graph_follower
     from pipeline.inference.onnxruntime import (
         import_ort,
         limit_cublas_workspace,
@@ -478,7 +479,7 @@ def load_frame_perception(detector_path: Path, classifier_path: Path, detector: 
         limit_cublas_workspace(inference.cublas_workspace)
         shared = share_cuda_arena(ort, limit_mb=inference.gpu_memory_limit_mb)
         lanes = _cuda_lanes(ort, graphs, inference, detector, threads or 1, shared, emotion.flip)
-        follower = _cuda_follower(ort, inference, threads or 1, shared)
+        follower = cuda_graph_follower(ort, inference, threads or 1, shared)
     else:
         def cpu_session(graph: bytes) -> Any:
             return make_session(ort, graph, "frame graph", threads, ["CPUExecutionProvider"])
@@ -491,22 +492,6 @@ def load_frame_perception(detector_path: Path, classifier_path: Path, detector: 
     model = BatchedModel(engine, "frames", inference.max_batch, inference.max_delay_ms, inference.queue_size)
     return FramePerception(model, engine, frames_in_flight=inference.frames_in_flight_for(graph=True),
                            interval=detector.interval, follower=follower)
-
-
-def _cuda_follower(ort: Any, inference: InferenceConfig, threads: int, shared_arena: bool) -> Follower:
-    """The follow graphs on the GPU (inference.following), on a stream of their own; their sessions are made when a
-    camera first follows faces by their look."""
-    from pipeline.inference.following import GraphFollower
-    from pipeline.inference.gpu.cuda import Stream, relax_capture_mode
-    from pipeline.inference.onnxruntime import cuda_provider_options, make_session
-
-    stream = Stream("follow graphs")
-
-    def cuda_session(graph: bytes) -> Any:
-        options = cuda_provider_options(stream.handle, inference.cudnn_max_workspace)
-        return make_session(ort, graph, "follow graph", threads, [("CUDAExecutionProvider", options)],
-                            shared_arena, inference.memory_pattern)
-    return GraphFollower(cuda_session, prepare_thread=relax_capture_mode, on_close=stream.close)
 
 
 def _cuda_lanes(ort: Any, graphs: FrameGraphs, inference: InferenceConfig, detector: DetectorConfig, threads: int,
