@@ -20,6 +20,7 @@ import os
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,7 +62,7 @@ def main() -> None:
     from pipeline.capture.nvdec import NvdecSource
 
     source = NvdecSource(str(_video()), "probe", keep_on_device=True)
-    frames = []
+    frames: list[Any] = []
     for _ in range(args.frames):  # at most 8 held at once (the camera's frame pool)
         source.grab(1.0)
         frames.append(source.retrieve())
