@@ -25,7 +25,7 @@ def agreement(prepared_models: None) -> dict[str, dict[str, Any]]:
 
     config = load_config(ROOT / "config" / "default.yaml")
     perception = Perception.from_config(config)
-    graphs = cpu_graph_follower()  # what GPU frames get on the CUDA frame graphs path, on the CPU
+    graphs = cpu_graph_follower()  # the search made for GPU frames, on the CPU
     results = {}
     try:
         for name, most in (("woman2.mp4", 240), ("group_1080p.mp4", 10_000)):  # woman2's first 9.6 s (suite time)
@@ -98,10 +98,10 @@ def test_a_crowd_followed_by_its_motion_alone_strays_from_the_detections(agreeme
 
 
 def test_faces_followed_on_the_follow_graphs_stay_as_close_to_the_detections(agreement: dict) -> None:
-    """The GPU path's following (inference.following: fixed-size templates, the correlation as ONNX), run here on
-    the CPU: the crowd's followed boxes within IoU 0.8 of the same frame's detection 90.8 % (90.1 % with OpenCV on
-    the host), woman2's never below 0.8 and its smoothed emotion the same as every frame's (BENCHMARKS.md, "Faces on
-    GPU frames followed on the GPU")."""
+    """The follow graphs (inference.following: fixed-size templates, the correlation as ONNX, made to search GPU
+    frames on the GPU), run here on the CPU: the crowd's followed boxes within IoU 0.8 of the same frame's detection
+    90.8 % (90.1 % with OpenCV on the host), woman2's never below 0.8 and its smoothed emotion the same as every
+    frame's (BENCHMARKS.md, "Faces on GPU frames searched on the GPU")."""
     crowd, host = agreement["group_1080p.mp4 on the follow graphs"], agreement["group_1080p.mp4"]
     assert crowd["compared"] == host["compared"], (crowd, host)
     assert crowd["iou_median"] >= 0.85 and crowd["iou_at_least_0_8"] >= 0.85, crowd

@@ -211,9 +211,10 @@ def test_faces_on_nvdec_frames_are_followed_by_look_from_windows_as_on_their_hos
 @needs_nvdec
 def test_faces_on_nvdec_frames_are_followed_on_the_gpu_as_the_follow_graphs_follow_them_on_the_cpu(
         perception: object) -> None:
-    """The CUDA frame graphs path's follower (inference.following, `tracking.follow_by: auto`): NVDEC frames are
-    searched in place on the GPU, and the crowd's faces are found where the same graphs on the CPU put them on the
-    frames' host copies (within a quarter pixel: only float rounding differs), away from the motion's guess."""
+    """The follow graphs on the GPU (inference.following; measured, not the daemon's way): NVDEC frames are searched
+    in place, `auto` searches them with such a follower, and the crowd's faces are found where the same graphs on
+    the CPU put them on the frames' host copies (within a quarter pixel: only float rounding differs), away from the
+    motion's guess."""
     from pipeline.inference.following import cpu_graph_follower, cuda_graph_follower
     from pipeline.inference.onnxruntime import import_ort
     from pipeline.inference.settings import InferenceConfig

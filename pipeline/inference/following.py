@@ -1,15 +1,18 @@
-"""Following faces by their look on the GPU: the follow graphs (modelprep.follow_graphs) run where the frame is.
+"""Following faces by their look with the follow graphs (modelprep.follow_graphs): the search run where the frame
+is, one session run per frame, only the score maps (~4 KB a face) brought down and every face's peak found at once.
 
-Why: on the CUDA frame graphs path a camera's frames stay in GPU memory. Following by look on the host
-(vision.follow.HostFollower) copies every followed face's search window down and matches it in OpenCV on the camera's
-worker thread: at 150 cameras on an H100 that was 4.4 more cores than following by motion, and the workers, not the
-GPU, became the limit past ~16 cameras a process (BENCHMARKS.md, "Following by look or by motion"). Here one session
-run a frame cuts every face's template or search window from the frame on the GPU and correlates them there; only
-the score maps (~4 KB a face) come down, and the peak is found for all faces at once in numpy.
+Status: measured, not used by the daemon. The idea was to take look-following of GPU frames off the camera workers'
+Python (vision.follow.HostFollower copies each face's window down and matches it in OpenCV). On an H100 a run costs a
+worker ~0.85 ms of CPU whatever the face count (ONNX Runtime launching the graph's ~80 small kernels), so it only
+pays from ~5 faces a frame (16 faces: 1.5 against 4.3 ms); and every camera's synchronous run waits behind the busy
+lanes: at 150 cameras 50 % of frames against the host way's 81 %, p99 99 ms at 16 cameras, +0.6 GB of GPU memory a
+group (BENCHMARKS.md, "Faces on GPU frames searched on the GPU"). What remains is to run the search inside the lanes'
+batches (one run for every followed face of a batch, before its crops are read), with these graphs.
 
-`GraphFollower` serves every camera of a process: one session per role and frame format, made on first use and run
-from the cameras' worker threads (ONNX Runtime's Run is thread-safe). Host frames are followed on the host as before,
-unless the follower runs on the CPU (`host_frames`: the graphs on host frames, for tests and `bench interval`).
+Kept because the search itself is verified (the scores are cv2.matchTemplate's to 1e-4, tests/test_frame_graphs.py)
+and measured: `bench interval --follower graph` runs it on the CPU (the crowd's boxes 90.8 % within IoU 0.8 of the
+detection, against 90.1 % with OpenCV), `deploy/follow_probe.py` and tests/test_nvdec.py on NVDEC frames. Host frames
+are followed on the host unless the follower runs on the CPU (`host_frames`).
 """
 
 from __future__ import annotations

@@ -66,7 +66,6 @@ from pipeline.modelprep.frame_graphs import (
 )
 from pipeline.modelprep.manifest import ModelManifest
 from pipeline.vision.align import align_matrix, box_crop_matrices, inverse_affine
-from pipeline.vision.follow import HOST_FOLLOWER, Follower
 
 log = logging.getLogger(__name__)
 _Built = TypeVar("_Built")
@@ -398,10 +397,9 @@ class FramePerception:
     emotions; one shared BatchedModel batches frames across cameras."""
 
     def __init__(self, model: BatchedModel, engine: FrameEngine, result_timeout_s: float = 10.0,
-                 frames_in_flight: int = 1, interval: int = 1, follower: Follower = HOST_FOLLOWER) -> None:
+                 frames_in_flight: int = 1, interval: int = 1) -> None:
         self.model = model
         self.engine = engine
-        self.follower = follower  # how the cameras' trackers find faces by their look (GPU frames: on the GPU)
         self.frames_in_flight = frames_in_flight  # per camera (inference.frames_in_flight, resolved)
         self.interval = interval  # detector.interval: frames between detections carry their tracked faces
         self._timeout = result_timeout_s
@@ -452,16 +450,12 @@ class FramePerception:
 
     def close(self) -> None:
         self.model.close()
-        close = getattr(self.follower, "close", None)
-        if close is not None:
-            close()
 
 
 def load_frame_perception(detector_path: Path, classifier_path: Path, detector: DetectorConfig,
                           emotion: EmotionConfig, classifier: ModelManifest, inference: InferenceConfig,
                           precision: str) -> FramePerception:
     """The frame graphs path on `inference.device` (cpu or cuda), one lane per `inference.lanes`."""
-    from pipeline.inference.following import cuda_graph_follower
     from pipeline.inference.onnxruntime import (
         import_ort,
         limit_cublas_workspace,
@@ -474,12 +468,10 @@ def load_frame_perception(detector_path: Path, classifier_path: Path, detector: 
                          on_gpu=inference.device == "cuda")
     threads = inference.threads
     lanes: list[FrameLane] = []
-    follower: Follower = HOST_FOLLOWER
     if inference.device == "cuda":
         limit_cublas_workspace(inference.cublas_workspace)
         shared = share_cuda_arena(ort, limit_mb=inference.gpu_memory_limit_mb)
         lanes = _cuda_lanes(ort, graphs, inference, detector, threads or 1, shared, emotion.flip)
-        follower = cuda_graph_follower(ort, inference, threads or 1, shared)
     else:
         def cpu_session(graph: bytes) -> Any:
             return make_session(ort, graph, "frame graph", threads, ["CPUExecutionProvider"])
@@ -491,7 +483,7 @@ def load_frame_perception(detector_path: Path, classifier_path: Path, detector: 
                          inference.faces_per_run, inference.max_frames_per_run)
     model = BatchedModel(engine, "frames", inference.max_batch, inference.max_delay_ms, inference.queue_size)
     return FramePerception(model, engine, frames_in_flight=inference.frames_in_flight_for(graph=True),
-                           interval=detector.interval, follower=follower)
+                           interval=detector.interval)
 
 
 def _cuda_lanes(ort: Any, graphs: FrameGraphs, inference: InferenceConfig, detector: DetectorConfig, threads: int,

@@ -30,7 +30,6 @@ from pipeline.inference.pending import Analysis, PendingAnalysis, finished
 from pipeline.inference.settings import DetectorConfig, EmotionConfig, FlipFollowed, InferenceConfig
 from pipeline.modelprep.manifest import ModelManifest, load_manifest
 from pipeline.modelprep.prepare import ensure_model
-from pipeline.vision.follow import HOST_FOLLOWER, Follower
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +56,6 @@ class Analyzer(Protocol):
 
     frames_in_flight: int
     interval: int  # the detector runs on every Nth frame of a camera (detector.interval), on both frame paths
-    follower: Follower  # how a camera's tracker finds faces by their look between detections (tracking.follow_by)
 
     def analyze(self, image: FrameImage) -> Analysis: ...
 
@@ -118,7 +116,6 @@ class Perception:
     frames_in_flight: int = 1  # a frame is analysed on the camera's thread, detector then classifier
     interval: int = 1  # detector.interval: the frames between take their faces from the camera's tracker
     flip_followed: FlipFollowed = "alternate"  # emotion.flip_followed: how faces of frames without detection are read
-    follower: Follower = HOST_FOLLOWER  # frames are on the host here: faces are found by their look with OpenCV
 
     @classmethod
     def from_config(cls, cfg: PerceptionSettings, auto_prepare: bool = True) -> Perception:

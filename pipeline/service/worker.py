@@ -96,7 +96,7 @@ class CameraWorker(threading.Thread):
         try:
             if detect:
                 return self.perception.begin(frame.image), None
-            tracked = self.tracker.predict(frame.t_mono, self._pixels(frame), self.perception.follower)
+            tracked = self.tracker.predict(frame.t_mono, self._pixels(frame))
             faces = [face for _, face in tracked]
             turn, self._followed = self._followed, self._followed + 1
             return self.perception.begin_tracked(frame.image, faces, turn), [track_id for track_id, _ in tracked]
@@ -110,7 +110,7 @@ class CameraWorker(threading.Thread):
 
     def _pixels(self, frame: Frame) -> FrameImage | None:
         """The frame for a tracker that follows faces by their look (None: it does not; `tracking.follow_by`)."""
-        return self.tracker.searchable(frame.image, self.perception.follower)
+        return self.tracker.searchable(frame.image)
 
     def _collect(self, frame: Frame, pending: PendingAnalysis, tracked: list[int] | None = None) -> None:
         try:
@@ -134,8 +134,7 @@ class CameraWorker(threading.Thread):
                 timings: dict[str, float], tracked: list[int] | None = None) -> Observation:
         """Attach track ids (a detection frame's from the tracker's matching; a frame without detection's are the
         ones its faces were predicted for, `tracked`) and smoothed scores; build the Observation."""
-        ids = (self.tracker.update(faces, frame.t_mono, self._pixels(frame), self.perception.follower)
-               if tracked is None else tracked)
+        ids = self.tracker.update(faces, frame.t_mono, self._pixels(frame)) if tracked is None else tracked
         poses = self._head_poses(frame, faces, ids, followed=tracked is not None)
         results = tuple(
             FaceResult(face, score, track_id, self.tracker.smooth(track_id, score, frame.t_mono), pose)

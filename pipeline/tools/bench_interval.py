@@ -24,8 +24,8 @@ the reference, and on the compared frames its faces are compared with the refere
 neither the boxes nor the top emotion are stable under such a shift (group_1080p.mp4, BENCHMARKS.md), so the followed
 faces are read against this ceiling.
 
-`--follower graph`: the look is searched by the follow graphs (inference.following), which the CUDA frame graphs
-path runs on GPU frames, here on ONNX Runtime's CPU provider: the GPU path's following, measured on the CPU.
+`--follower graph`: the look is searched by the follow graphs (inference.following: the search made to run on GPU
+frames, where they are), here on ONNX Runtime's CPU provider, so its accuracy is measured where OpenCV's is.
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ def add_interval_args(parser: argparse.ArgumentParser) -> None:
                         help="also compare the detector with itself on each frame shifted right and down by PX "
                              "pixels: the most any follower can agree (one more analysis per frame)")
     parser.add_argument("--follower", choices=("host", "graph"), default="host",
-                        help="how faces are found by their look: host (OpenCV, as host frames are) or graph (the "
-                             "follow graphs the CUDA frame graphs path runs on GPU frames, here on the CPU)")
+                        help="how faces are found by their look: host (OpenCV, as the daemon does) or graph (the "
+                             "follow graphs made to search GPU frames on the GPU, here on the CPU)")
 
 
 @dataclass

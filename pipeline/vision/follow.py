@@ -6,9 +6,9 @@ alone misses a camera that pans unevenly or a visitor who stops (group_1080p.mp4
 face's own pixels say where it went, for well under a millisecond per face at template scale.
 
 A frame that stays on the GPU (NVDEC) is read the same way by `HostFollower`: only the window around the face is
-copied to the host (`DeviceImage.windows`: every face of the frame in one round trip), never the whole frame. On the
-CUDA frame graphs path the search itself runs on the GPU instead (inference.following.GraphFollower, the same
-formula; only the scores come down): a `Follower` is either (`tracking.follow_by`).
+copied to the host (`DeviceImage.windows`: every face of the frame in one round trip), never the whole frame
+(`tracking.follow_by`). A `Follower` may also search on the GPU (inference.following.GraphFollower, the same formula
+as ONNX: measured, not used by the daemon).
 """
 
 from __future__ import annotations
