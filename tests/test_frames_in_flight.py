@@ -36,14 +36,15 @@ def _perception(app_config: Any, frames_in_flight: int) -> FramePerception:
 
 
 def _run_camera(video: Path, fps: float, perception: Any, publish: Callable[[Observation], None],
-                enough: Callable[[], bool], timeout_s: float) -> tuple[CameraWorker, bool]:
+                enough: Callable[[], bool], timeout_s: float,
+                tracker: IouTracker | None = None) -> tuple[CameraWorker, bool]:
     """A real capture of `video` looping at `fps` and a CameraWorker on `perception`, until `enough()` or the time
     is up; then both are stopped and the perception closed. The worker, and whether it was alive at the end."""
     stop = threading.Event()
     cfg = CameraConfig(name="lobby", source=str(video), fps=fps, loop=True,
                        reconnect=ReconnectConfig(initial_s=0.2, max_s=0.5, stall_s=5.0))
     capture = CaptureThread(cfg, stop, lambda _event: None)
-    worker = CameraWorker(capture, perception, IouTracker(), publish, stop)
+    worker = CameraWorker(capture, perception, tracker or IouTracker(), publish, stop)
     try:
         capture.start()
         worker.start()

@@ -245,6 +245,24 @@ def test_faces_on_nvdec_frames_are_followed_on_the_gpu_as_the_follow_graphs_foll
         on_gpu.close()
 
 
+@pytest.mark.gpu
+@needs_nvdec
+def test_faces_on_nvdec_frames_are_found_by_their_look_in_the_cuda_lanes_batches(app_config: object) -> None:
+    """The daemon's way on the CUDA frame graphs path (inference.batch_search): NVDEC frames' followed faces are
+    searched inside the lanes' batches and land where the follow graphs on the CPU put them on the frames' host
+    copies (tests/test_batch_search.follow_in_batches), most found by their look."""
+    from tests.test_batch_search import follow_in_batches
+    from tests.test_frames_path import _prepared_gpu
+
+    frames = nvdec_frames(data_path("video", "group_1080p.mp4"), 6)
+    hosts = [frame.to_host() for frame in frames]
+    perception = _prepared_gpu(app_config, frames[0])
+    try:
+        assert follow_in_batches(perception, frames, hosts) >= 10
+    finally:
+        perception.close()
+
+
 # ---------------------------------------------------------------- the frame pools' ledger (everywhere)
 
 class _CudaRuntimeStandIn:

@@ -24,14 +24,17 @@ from typing import Any
 import numpy as np
 
 from pipeline.core.types import ChannelOrder, FrameImage
+from pipeline.inference.batch_search import padded_run
 from pipeline.inference.batching import ModelClosedError
 from pipeline.inference.settings import InferenceConfig
 from pipeline.modelprep.follow_graphs import (
     SCORE_OUTPUT,
     TEMPLATE_INPUT,
     FollowGeometry,
+    found_box,
     match_graph,
     sampling_matrix,
+    search_window,
     template_graph,
 )
 from pipeline.modelprep.frame_graphs import FRAME_INDEX_INPUT, FRAME_INPUT, MATRIX_INPUT, FrameFormat
@@ -39,11 +42,6 @@ from pipeline.vision.follow import HOST_FOLLOWER, MIN_SCORE, Box, FaceTemplate, 
 
 GRAPHS = {"templates": template_graph, "match": match_graph}
 MIN_FACE_PX = 4  # a box narrower or lower than this has no template (as on the host)
-
-
-def padded_count(faces: int) -> int:
-    """The next power of two: a session meets a handful of face counts, not every one (each new shape is planned)."""
-    return 1 << max(0, faces - 1).bit_length()
 
 
 class GraphFollower:
@@ -95,52 +93,33 @@ class GraphFollower:
         found: list[Box | None] = [None] * len(wanted)
         if not ours:
             return found
-        windows = [self._window(*wanted[i]) for i in ours]
+        windows = [search_window(wanted[i][0].box, wanted[i][1], self.geometry) for i in ours]
         matrices = [sampling_matrix(window, self.geometry.window, self.geometry.supersample) for window in windows]
         templates = np.stack([wanted[i][0].pixels for i in ours]).astype(np.float32, copy=False)
         best, xs, ys = best_places(self._run(frame, "match", matrices, templates))
         for row, i in enumerate(ours):
             if best[row] >= MIN_SCORE:
-                template = wanted[i][0]
-                width, height = template.box[2] - template.box[0], template.box[3] - template.box[1]
-                left = windows[row][0] + float(xs[row]) * width / tw
-                top = windows[row][1] + float(ys[row]) * height / th
-                found[i] = (left, top, left + width, top + height)
+                found[i] = found_box(windows[row], float(xs[row]), float(ys[row]), wanted[i][0].box, self.geometry)
         return found
-
-    def _window(self, template: FaceTemplate, expected: Box) -> Box:
-        """The search window: centred on the expected box, the template's scale, `margin` template pixels more on
-        each side than the template."""
-        tw, th = self.geometry.template
-        ww, wh = self.geometry.window
-        per_x = (template.box[2] - template.box[0]) / tw  # frame pixels per template pixel
-        per_y = (template.box[3] - template.box[1]) / th
-        cx, cy = (expected[0] + expected[2]) / 2.0, (expected[1] + expected[3]) / 2.0
-        return (cx - ww * per_x / 2.0, cy - wh * per_y / 2.0, cx + ww * per_x / 2.0, cy + wh * per_y / 2.0)
 
     def _on_host(self, frame: FrameImage) -> bool:
         return isinstance(frame, np.ndarray) and not self._host_frames
 
     def _run(self, frame: FrameImage, role: str, matrices: list[np.ndarray], templates: np.ndarray | None
              ) -> np.ndarray:
-        """One run of a role's graph over a frame's faces, padded to a power of two; the first `len(matrices)` rows of
-        its output."""
-        count = len(matrices)
-        padded = padded_count(count)
-        feeds: dict[str, np.ndarray] = {
-            MATRIX_INPUT: np.stack(matrices + [matrices[0]] * (padded - count)),
-            FRAME_INDEX_INPUT: np.zeros(padded, np.int64)}
-        if templates is not None:
-            feeds[TEMPLATE_INPUT] = np.concatenate([templates, np.zeros((padded - count, *templates.shape[1:]),
-                                                                        np.float32)])
-        output = TEMPLATE_INPUT if templates is None else SCORE_OUTPUT
+        """One run of a role's graph over a frame's faces (padded to a power of two: batch_search.padded_run)."""
         height, width = frame.shape[:2]
         session = self._session(FrameFormat(int(width), int(height), _order(frame)), role)
-        if isinstance(frame, np.ndarray):
-            result = session.run([output], {FRAME_INPUT: frame[None], **feeds})[0]
-        else:
-            result = self._run_bound(session, frame, feeds, output)
-        return np.asarray(result)[:count]
+        output = TEMPLATE_INPUT if templates is None else SCORE_OUTPUT
+
+        def run(_role: str, matrix: np.ndarray, index: np.ndarray, looks: np.ndarray | None) -> np.ndarray:
+            feeds = {MATRIX_INPUT: matrix, FRAME_INDEX_INPUT: index}
+            if looks is not None:
+                feeds[TEMPLATE_INPUT] = looks
+            if isinstance(frame, np.ndarray):
+                return np.asarray(session.run([output], {FRAME_INPUT: frame[None], **feeds})[0])
+            return self._run_bound(session, frame, feeds, output)
+        return padded_run(run, role, np.stack(matrices), np.zeros(len(matrices), np.int64), templates)
 
     def _run_bound(self, session: Any, frame: Any, feeds: dict[str, np.ndarray], output: str) -> np.ndarray:
         """A GPU frame bound in place (no copy of it anywhere); the small inputs go up, the scores come down."""

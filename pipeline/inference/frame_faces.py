@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.core.types import Detection, EmotionScores
+from pipeline.vision.follow import BatchLook, FaceTemplate
 from pipeline.modelprep.frame_graphs import FACE_BOX, FACE_LANDMARKS, FACE_OUTPUTS, FACE_SCORE
 
 
@@ -97,6 +98,9 @@ def joined(first: KeptFaces, then: KeptFaces) -> KeptFaces:
                      np.concatenate([first.offsets, then.offsets[1:] + first.offsets[-1]]))
 
 
+MIN_TEMPLATE_PX = 4  # a face box narrower or lower than this has no template (as on the host)
+
+
 @dataclass(frozen=True)
 class FrameResult:
     """One frame's kept faces and their probabilities as arrays (views into the batch's), and the batch's stage
@@ -107,6 +111,23 @@ class FrameResult:
     landmarks: np.ndarray
     probs: np.ndarray
     timings: dict[str, float]
+    templates: np.ndarray | None = None  # a detection frame's faces' templates [n, h, w] (search in batches)
+    found: np.ndarray | None = None  # a frame without detection: each given face found by its look [n] bool
+
+    def look(self) -> BatchLook | None:
+        """The search's part of this frame (None where the batch did not search it): templates as FaceTemplate,
+        each with its face's box and scale (template pixels per frame pixel across)."""
+        if self.found is not None:
+            return BatchLook(found=[bool(value) for value in self.found])
+        if self.templates is None:
+            return None
+        width = self.templates.shape[2] if self.templates.ndim == 3 else 1
+        templates: list[FaceTemplate | None] = []
+        for box, pixels in zip(self.boxes, self.templates):
+            x1, y1, x2, y2 = (float(v) for v in box)
+            usable = min(x2 - x1, y2 - y1) >= MIN_TEMPLATE_PX
+            templates.append(FaceTemplate(pixels, width / (x2 - x1), (x1, y1, x2, y2)) if usable else None)
+        return BatchLook(templates=templates)
 
     def detections(self) -> list[Detection]:
         return [Detection(box=(float(b[0]), float(b[1]), float(b[2]), float(b[3])), score=float(s), landmarks=p)

@@ -27,7 +27,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -38,6 +39,7 @@ from pipeline.inference.backend import BackendError
 from pipeline.inference.batching import BatchedModel
 from pipeline.inference.classifier import followed_read, normalised
 from pipeline.inference.format_gate import FormatGate
+from pipeline.inference.batch_search import cut_templates, search_faces
 from pipeline.inference.frame_faces import (
     FrameResult,
     KeptFaces,
@@ -64,8 +66,10 @@ from pipeline.modelprep.frame_graphs import (
     detector_frame_graph,
     detector_graph_parts,
 )
+from pipeline.modelprep.follow_graphs import SCORE_OUTPUT, TEMPLATE_INPUT, FollowGeometry, match_graph, template_graph
 from pipeline.modelprep.manifest import ModelManifest
 from pipeline.vision.align import align_matrix, box_crop_matrices, inverse_affine
+from pipeline.vision.follow import FaceTemplate
 
 log = logging.getLogger(__name__)
 _Built = TypeVar("_Built")
@@ -74,6 +78,7 @@ GRAPH_FACES = 64  # faces per frame the detector graph returns at most (best sco
 # Crop matrices made per numpy call on the lane's thread: 64 faces x 6 are loops of 384 elements, which numpy runs
 # holding the GIL (it gives it away in loops of more than 500; classifier.ROWS_PER_CALL says why that matters).
 FACES_PER_CALL = 64
+FOLLOW_GEOMETRY = FollowGeometry()  # the follow graphs' template and search sizes (modelprep.follow_graphs)
 
 
 @dataclass(frozen=True)
@@ -84,13 +89,24 @@ class TrackedFrame:
     image: FrameImage
     faces: list[Detection]
     turn: int = 0  # the camera's frames without detection before this one (emotion.flip_followed: alternate)
+    templates: list[FaceTemplate | None] | None = None  # each face's look, to be found by it (search in batches)
 
 
-def frame_image(item: FrameImage | TrackedFrame) -> FrameImage:
-    return item.image if isinstance(item, TrackedFrame) else item
+@dataclass(frozen=True)
+class LookedFrame:
+    """A frame to detect on whose faces' templates the camera's tracker wants (search in batches)."""
+
+    image: FrameImage
 
 
-def frame_format(item: FrameImage | TrackedFrame) -> FrameFormat:
+Item = FrameImage | TrackedFrame | LookedFrame
+
+
+def frame_image(item: Item) -> FrameImage:
+    return item.image if isinstance(item, (TrackedFrame, LookedFrame)) else item
+
+
+def frame_format(item: Item) -> FrameFormat:
     """A frame's size and channel order: host frames are BGR (OpenCV), device frames say their own."""
     image = frame_image(item)
     height, width = image.shape[:2]
@@ -111,6 +127,11 @@ class FrameLane(Protocol):
                rows: int | None = None) -> dict[str, np.ndarray]: ...
 
     def classify(self, fmt: FrameFormat, matrices: np.ndarray, frame_index: np.ndarray) -> np.ndarray: ...
+
+    def follow(self, fmt: FrameFormat, role: str, matrices: np.ndarray, frame_index: np.ndarray,
+               templates: np.ndarray | None) -> np.ndarray:
+        """A follow graph (batch_search: "templates" or "match") over the frames detect() staged."""
+        ...
 
     def close(self) -> None: ...
 
@@ -143,6 +164,11 @@ class FrameGraphs:
     def classifier(self, fmt: FrameFormat) -> bytes:
         return self._get("classifier graph", fmt, lambda: crop_classify_graph(
             self._classifier_model, fmt, self._crop_size, self._colour).SerializeToString())
+
+    def follow(self, role: str, fmt: FrameFormat) -> bytes:
+        """A follow graph (modelprep.follow_graphs: "templates" or "match") for this format, at FOLLOW_GEOMETRY."""
+        build = template_graph if role == "templates" else match_graph
+        return self._get(f"follow {role} graph", fmt, lambda: build(fmt, FOLLOW_GEOMETRY).SerializeToString())
 
     def detector_parts(self, fmt: FrameFormat) -> tuple[bytes, bytes, int]:
         """The detector graph in two parts (body, tail) and K, its candidates per frame, for CUDA graph capture
@@ -182,7 +208,12 @@ class HostFrameLane:
     def _session(self, role: str, fmt: FrameFormat) -> Any:
         session = self._sessions.get((role, fmt))
         if session is None:
-            graph = self._graphs.detector(fmt) if role == "detector" else self._graphs.classifier(fmt)
+            if role == "detector":
+                graph = self._graphs.detector(fmt)
+            elif role == "classifier":
+                graph = self._graphs.classifier(fmt)
+            else:
+                graph = self._graphs.follow(role, fmt)
             session = self._sessions[(role, fmt)] = self._session_factory(graph)
         return session
 
@@ -211,6 +242,16 @@ class HostFrameLane:
         feeds = {FRAME_INPUT: self._frames, MATRIX_INPUT: matrices, FRAME_INDEX_INPUT: frame_index}
         return np.asarray(session.run([output], feeds)[0])
 
+    def follow(self, fmt: FrameFormat, role: str, matrices: np.ndarray, frame_index: np.ndarray,
+               templates: np.ndarray | None) -> np.ndarray:
+        if self._frames is None:
+            raise BackendError("follow() before detect()")
+        feeds = {FRAME_INPUT: self._frames, MATRIX_INPUT: matrices, FRAME_INDEX_INPUT: frame_index}
+        if templates is not None:
+            feeds[TEMPLATE_INPUT] = templates
+        output = TEMPLATE_INPUT if templates is None else SCORE_OUTPUT
+        return np.asarray(self._session(role, fmt).run([output], feeds)[0])
+
     def close(self) -> None:
         self._sessions.clear()
         self._frames = None
@@ -232,9 +273,11 @@ class FrameEngine:
 
     def __init__(self, lanes: list[FrameLane], detector: DetectorConfig, emotion: EmotionConfig,
                  classifier: ModelManifest, max_batch: int, describe: dict[str, str],
-                 faces_per_run: int = 256, frames_per_part: int = 1024) -> None:
+                 faces_per_run: int = 256, frames_per_part: int = 1024, search: bool = False) -> None:
         """`frames_per_part` (inference.max_frames_per_run): a batch is run in parts of at most this many frames,
-        each staged, detected and read in turn, so a lane holds that many frames, not max_batch (see _run_group)."""
+        each staged, detected and read in turn, so a lane holds that many frames, not max_batch (see _run_group).
+        `search`: followed faces given with templates are found by their look in the batch (batch_search)."""
+        self.search = search
         self.lanes = len(lanes)
         self.max_batch = max_batch
         self._faces_per_run = max(1, faces_per_run)
@@ -266,7 +309,7 @@ class FrameEngine:
         height, width = item_shape[:2]
         self.prepare(FrameFormat(int(width), int(height), "bgr"), lane)
 
-    def run_items(self, items: Sequence[FrameImage | TrackedFrame], lane: int = 0) -> list[FrameResult]:
+    def run_items(self, items: Sequence[Item], lane: int = 0) -> list[FrameResult]:
         """Group the batch by format (usually one), run each group, and return results in the items' order."""
         groups: dict[FrameFormat, list[int]] = {}
         for index, item in enumerate(items):
@@ -277,8 +320,7 @@ class FrameEngine:
                 results[index] = result
         return results  # type: ignore[return-value]
 
-    def _run_group(self, items: list[FrameImage | TrackedFrame], fmt: FrameFormat,
-                   lane: int) -> list[FrameResult]:
+    def _run_group(self, items: list[Item], fmt: FrameFormat, lane: int) -> list[FrameResult]:
         """One format's frames, those to detect on first (then frames whose faces are given), in consecutive parts
         of at most `frames_per_part` frames. Why parts: a lane keeps the frames it reads in one GPU buffer, and a
         buffer of max_batch 1080p frames is 6.2 MB a row (0.4 GB at 64 rows, per camera group) where the detector
@@ -293,17 +335,20 @@ class FrameEngine:
                 results[index] = result
         return results  # type: ignore[return-value]
 
-    def _run_part(self, ordered: list[FrameImage | TrackedFrame], fmt: FrameFormat,
-                  lane: int) -> list[FrameResult]:
+    def _run_part(self, ordered: list[Item], fmt: FrameFormat, lane: int) -> list[FrameResult]:
         """Both graphs on a part's frames (frames to detect on first, then frames whose faces are given); between
-        and after them only array work on this (the lane's) thread. Results in `ordered`'s order."""
+        and after them only array work on this (the lane's) thread, and with `search` the follow graphs: the given
+        faces found by their look before their crops are cut, the detected faces' templates cut after. Results in
+        `ordered`'s order."""
         runner = self._lanes[lane]
         tracked = [item for item in ordered if isinstance(item, TrackedFrame)]
         rows = len(ordered) - len(tracked)
         t0 = time.monotonic()
         outputs = runner.detect([frame_image(item) for item in ordered], fmt, self._thresholds, rows)
         t1 = time.monotonic()
+        tracked, found = self._searched(runner, fmt, tracked, rows)
         kept, matrices, frame_index, flips = self.faces_and_crops(outputs, fmt, tracked, rows)
+        templates = self._templates(runner, fmt, kept, ordered[:rows])
         t2 = time.monotonic()
         probs = self._classify(runner, fmt, matrices, frame_index)
         t3 = time.monotonic()
@@ -313,9 +358,39 @@ class FrameEngine:
             rows_of = kept.rows(position)
             detect_ms = (t1 - t0) * 1e3 if position < rows else 0.0
             timings = {"detect": detect_ms, "crop": (t2 - t1) * 1e3, "emotion": (t3 - t2) * 1e3}
+            look = {"templates": templates[rows_of]} if templates is not None and isinstance(
+                ordered[position], LookedFrame) else {}
+            if position >= rows and found is not None:
+                look = {"found": found[position - rows]}
             results.append(FrameResult(kept.boxes[rows_of], kept.scores[rows_of], kept.landmarks[rows_of],
-                                       emotions[rows_of], timings))
+                                       emotions[rows_of], timings, **look))
         return results
+
+    def _searched(self, runner: FrameLane, fmt: FrameFormat, tracked: list[TrackedFrame],
+                  rows: int) -> tuple[list[TrackedFrame], list[np.ndarray] | None]:
+        """The followed frames with their faces moved where their look was found, and which were (batch_search);
+        as given, None, without `search` or templates."""
+        if not self.search or not any(item.templates for item in tracked):
+            return tracked, None
+        searched = search_faces(partial(runner.follow, fmt), [item.faces for item in tracked],
+                                [item.templates for item in tracked], rows, FOLLOW_GEOMETRY)
+        moved = [replace(item, faces=faces) for item, faces in zip(tracked, searched.faces)]
+        return moved, searched.found
+
+    def _templates(self, runner: FrameLane, fmt: FrameFormat, kept: KeptFaces,
+                   detected: list[Item]) -> np.ndarray | None:
+        """The templates of every kept face (rows as `kept`'s; zeros where not cut) when a detected frame asked for
+        them (LookedFrame), cut in one run; None when none did."""
+        wanted = [position for position, item in enumerate(detected) if isinstance(item, LookedFrame)]
+        if not self.search or not wanted:
+            return None
+        faces = np.concatenate([np.arange(len(kept.frame))[kept.rows(position)] for position in wanted])
+        width, height = FOLLOW_GEOMETRY.template
+        templates = np.zeros((len(kept.frame), height, width), np.float32)
+        if len(faces):
+            templates[faces] = cut_templates(partial(runner.follow, fmt), kept.boxes[faces], kept.frame[faces],
+                                             FOLLOW_GEOMETRY)
+        return templates
 
     def faces_and_crops(self, outputs: dict[str, np.ndarray], fmt: FrameFormat, tracked: list[TrackedFrame],
                         rows: int) -> tuple[KeptFaces, np.ndarray, np.ndarray, int]:
@@ -426,18 +501,26 @@ class FramePerception:
         self._formats.prepare_now(frame_format(image))
         return self.begin(image).result()
 
-    def begin(self, image: FrameImage) -> PendingAnalysis:
-        """Hand the frame to the batcher and return at once: QueueFullError when its queue is full, NotReadyError
-        while its frame size is being prepared (started by the first frame of that size)."""
-        return self._submit(image)
+    @property
+    def searches_in_batches(self) -> bool:
+        """Whether followed faces given with templates are found by their look in the batches (on cuda)."""
+        return self.engine.search
 
-    def begin_tracked(self, image: FrameImage, faces: list[Detection], turn: int = 0) -> PendingAnalysis:
+    def begin(self, image: FrameImage, templates: bool = False) -> PendingAnalysis:
+        """Hand the frame to the batcher and return at once: QueueFullError when its queue is full, NotReadyError
+        while its frame size is being prepared (started by the first frame of that size). `templates`: cut the
+        templates of its faces too (PendingAnalysis.look), where the engine searches in batches."""
+        return self._submit(LookedFrame(image) if templates and self.engine.search else image)
+
+    def begin_tracked(self, image: FrameImage, faces: list[Detection], turn: int = 0,
+                      templates: list[FaceTemplate | None] | None = None) -> PendingAnalysis:
         """A frame without detection (detector.interval): batched with the other cameras' frames like any frame, but
         the detector graph skips it and the classifier graph reads `faces` (the tracker's) in it, as its `turn`
-        says (the camera's frames without detection before it: emotion.flip_followed)."""
-        return self._submit(TrackedFrame(image, faces, turn))
+        says (the camera's frames without detection before it: emotion.flip_followed). With `templates` (one per
+        face) and an engine that searches, each face is first found by its look near where it was given."""
+        return self._submit(TrackedFrame(image, faces, turn, templates if self.engine.search else None))
 
-    def _submit(self, item: FrameImage | TrackedFrame) -> PendingAnalysis:
+    def _submit(self, item: Item) -> PendingAnalysis:
         self._formats.admit(frame_format(item))
         started = time.monotonic()
 
@@ -446,7 +529,7 @@ class FramePerception:
             timings = dict(result.timings)
             timings["queue"] = max(0.0, total - sum(timings.values()))
             return result.detections(), result.emotions(), timings
-        return PendingAnalysis(self.model.submit(item), finish, self._timeout)
+        return PendingAnalysis(self.model.submit(item), finish, self._timeout, look=FrameResult.look)
 
     def close(self) -> None:
         self.model.close()
@@ -454,8 +537,10 @@ class FramePerception:
 
 def load_frame_perception(detector_path: Path, classifier_path: Path, detector: DetectorConfig,
                           emotion: EmotionConfig, classifier: ModelManifest, inference: InferenceConfig,
-                          precision: str) -> FramePerception:
-    """The frame graphs path on `inference.device` (cpu or cuda), one lane per `inference.lanes`."""
+                          precision: str, search: bool | None = None) -> FramePerception:
+    """The frame graphs path on `inference.device` (cpu or cuda), one lane per `inference.lanes`. `search`: whether
+    followed faces are found by their look in the batches (inference.batch_search; default: on cuda, where the
+    frames already are; on the CPU the trackers' OpenCV search costs far less than the graphs)."""
     from pipeline.inference.onnxruntime import (
         import_ort,
         limit_cublas_workspace,
@@ -480,7 +565,8 @@ def load_frame_perception(detector_path: Path, classifier_path: Path, detector: 
                 "frame_path": "graph", "lanes": str(len(lanes)),
                 "files": f"{detector_path.name}, {classifier_path.name}"}
     engine = FrameEngine(lanes, detector, emotion, classifier, inference.max_batch, describe,
-                         inference.faces_per_run, inference.max_frames_per_run)
+                         inference.faces_per_run, inference.max_frames_per_run,
+                         search=inference.device == "cuda" if search is None else search)
     model = BatchedModel(engine, "frames", inference.max_batch, inference.max_delay_ms, inference.queue_size)
     return FramePerception(model, engine, frames_in_flight=inference.frames_in_flight_for(graph=True),
                            interval=detector.interval)

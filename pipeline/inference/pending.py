@@ -14,6 +14,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from pipeline.core.types import Detection, EmotionScores
+from pipeline.vision.follow import BatchLook
 
 Analysis = tuple[list[Detection], list[EmotionScores], dict[str, float]]
 
@@ -22,10 +23,12 @@ class PendingAnalysis:
     """A frame's analysis: the batch's Future, and how its result becomes the frame's faces, scores and timings
     (done on the camera's own thread, not on the lane's)."""
 
-    def __init__(self, future: Future[Any], finish: Callable[[Any], Analysis], timeout_s: float) -> None:
+    def __init__(self, future: Future[Any], finish: Callable[[Any], Analysis], timeout_s: float,
+                 look: Callable[[Any], BatchLook | None] | None = None) -> None:
         self._future = future
         self._finish = finish
         self._timeout_s = timeout_s
+        self._look = look
 
     def done(self) -> bool:
         return self._future.done()
@@ -37,6 +40,13 @@ class PendingAnalysis:
     def result(self) -> Analysis:
         """The analysis; re-raises the batch's failure, TimeoutError past the engine's result timeout."""
         return self._finish(self._future.result(timeout=self._timeout_s))
+
+    def look(self) -> BatchLook | None:
+        """What the batch's search of faces by their look gave this frame (after `result`); None where it did not
+        search (vision.follow.BatchLook)."""
+        if self._look is None or not self._future.done() or self._future.exception() is not None:
+            return None
+        return self._look(self._future.result())
 
 
 def finished(analysis: Analysis) -> PendingAnalysis:

@@ -30,6 +30,7 @@ from pipeline.inference.pending import Analysis, PendingAnalysis, finished
 from pipeline.inference.settings import DetectorConfig, EmotionConfig, FlipFollowed, InferenceConfig
 from pipeline.modelprep.manifest import ModelManifest, load_manifest
 from pipeline.modelprep.prepare import ensure_model
+from pipeline.vision.follow import FaceTemplate
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +58,17 @@ class Analyzer(Protocol):
     frames_in_flight: int
     interval: int  # the detector runs on every Nth frame of a camera (detector.interval), on both frame paths
 
+    @property
+    def searches_in_batches(self) -> bool:
+        """Whether followed faces given with templates are found by their look in the engine's batches."""
+        ...
+
     def analyze(self, image: FrameImage) -> Analysis: ...
 
-    def begin(self, image: FrameImage) -> PendingAnalysis: ...
+    def begin(self, image: FrameImage, templates: bool = False) -> PendingAnalysis: ...
 
-    def begin_tracked(self, image: FrameImage, faces: list[Detection], turn: int = 0) -> PendingAnalysis: ...
+    def begin_tracked(self, image: FrameImage, faces: list[Detection], turn: int = 0,
+                      templates: list[FaceTemplate | None] | None = None) -> PendingAnalysis: ...
 
     def models(self) -> list[tuple[str, BatchedModel]]: ...
 
@@ -116,6 +123,7 @@ class Perception:
     frames_in_flight: int = 1  # a frame is analysed on the camera's thread, detector then classifier
     interval: int = 1  # detector.interval: the frames between take their faces from the camera's tracker
     flip_followed: FlipFollowed = "alternate"  # emotion.flip_followed: how faces of frames without detection are read
+    searches_in_batches = False  # the tracker finds followed faces by their look itself (vision.follow)
 
     @classmethod
     def from_config(cls, cfg: PerceptionSettings, auto_prepare: bool = True) -> Perception:
@@ -155,11 +163,13 @@ class Perception:
         self.detector.model.close()
         self.classifier.model.close()
 
-    def begin(self, image: FrameImage) -> PendingAnalysis:
-        """The OpenCV path analyses the frame now (its letterbox and crops run on the calling thread)."""
+    def begin(self, image: FrameImage, templates: bool = False) -> PendingAnalysis:
+        """The OpenCV path analyses the frame now (its letterbox and crops run on the calling thread); it never
+        searches in batches, so `templates` is not asked of it."""
         return finished(self.analyze(image))
 
-    def begin_tracked(self, image: FrameImage, faces: list[Detection], turn: int = 0) -> PendingAnalysis:
+    def begin_tracked(self, image: FrameImage, faces: list[Detection], turn: int = 0,
+                      templates: list[FaceTemplate | None] | None = None) -> PendingAnalysis:
         """A frame without detection (detector.interval): the emotions of the faces the tracker expects, now.
         `turn`: how many frames without detection the camera had before this one (emotion.flip_followed)."""
         return finished(self.classify_faces(_on_host(image), faces, 0.0, followed=True, turn=turn))

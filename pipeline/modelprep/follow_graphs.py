@@ -125,6 +125,28 @@ def match_graph(frame: FrameFormat, geometry: FollowGeometry = FollowGeometry())
     return _standalone(b, inputs, [output], CLASSIFIER_OPSET, "follow_match")
 
 
+Box = tuple[float, float, float, float]
+
+
+def search_window(template_box: Box, expected: Box, geometry: FollowGeometry) -> Box:
+    """A face's search window in frame coordinates: centred on where it is expected, at its template's scale,
+    `margin` template pixels more than the template on each side."""
+    (tw, th), (ww, wh) = geometry.template, geometry.window
+    per_x = (template_box[2] - template_box[0]) / tw  # frame pixels per template pixel
+    per_y = (template_box[3] - template_box[1]) / th
+    cx, cy = (expected[0] + expected[2]) / 2.0, (expected[1] + expected[3]) / 2.0
+    return (cx - ww * per_x / 2.0, cy - wh * per_y / 2.0, cx + ww * per_x / 2.0, cy + wh * per_y / 2.0)
+
+
+def found_box(window: Box, x: float, y: float, template_box: Box, geometry: FollowGeometry) -> Box:
+    """The face's box where the template matched at score position (x, y) of `window`: the template's size, its
+    top-left that many template pixels into the window."""
+    (tw, th) = geometry.template
+    width, height = template_box[2] - template_box[0], template_box[3] - template_box[1]
+    left, top = window[0] + x * width / tw, window[1] + y * height / th
+    return (left, top, left + width, top + height)
+
+
 def sampling_matrix(box: tuple[float, float, float, float], size: tuple[int, int], supersample: int) -> np.ndarray:
     """The crop matrix [2, 3] that samples `box` (x1, y1, x2, y2, continuous frame coordinates) at `size` × the
     supersampling: supersampled pixel centre (u, v) → frame pixel centre."""

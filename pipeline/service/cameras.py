@@ -18,6 +18,7 @@ from pipeline.core.redact import mask_secrets
 from pipeline.service.lifecycle import join_all
 from pipeline.service.snapshot import CameraView
 from pipeline.service.worker import CameraWorker
+from pipeline.vision.follow import BatchLook
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -42,9 +43,10 @@ class PreviewingWorker(CameraWorker):
     last_frame: Frame | None = None
 
     def observe(self, frame: Frame, faces: list[Detection], scores: list[EmotionScores],
-                timings: dict[str, float], tracked: list[int] | None = None) -> Observation:
+                timings: dict[str, float], tracked: list[int] | None = None,
+                look: BatchLook | None = None) -> Observation:
         self.last_frame = frame
-        return super().observe(frame, faces, scores, timings, tracked)
+        return super().observe(frame, faces, scores, timings, tracked, look)
 
 
 @dataclass

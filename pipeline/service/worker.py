@@ -30,6 +30,7 @@ from pipeline.core.types import Detection, EmotionScores, FaceResult, Frame, Fra
 from pipeline.inference.batching import ModelClosedError, QueueFullError
 from pipeline.inference.pending import PendingAnalysis
 from pipeline.inference.perception import Analyzer
+from pipeline.vision.follow import BatchLook
 from pipeline.vision.head_pose import head_pose
 from pipeline.vision.track import IouTracker
 
@@ -93,13 +94,15 @@ class CameraWorker(threading.Thread):
         """The frame handed to the engine, and for a frame without detection the track ids of its faces."""
         self._frames_begun += 1
         detect = self.perception.interval <= 1 or self._frames_begun % self.perception.interval == 0
+        batched = self.tracker.looks_in_batches(self.perception.searches_in_batches)
         try:
             if detect:
-                return self.perception.begin(frame.image), None
-            tracked = self.tracker.predict(frame.t_mono, self._pixels(frame))
-            faces = [face for _, face in tracked]
+                return self.perception.begin(frame.image, templates=batched), None
+            tracked = self.tracker.predict(frame.t_mono, None if batched else self._pixels(frame))
+            faces, ids = [face for _, face in tracked], [track_id for track_id, _ in tracked]
             turn, self._followed = self._followed, self._followed + 1
-            return self.perception.begin_tracked(frame.image, faces, turn), [track_id for track_id, _ in tracked]
+            templates = self.tracker.templates_for(ids) if batched else None
+            return self.perception.begin_tracked(frame.image, faces, turn, templates), ids
         except QueueFullError:
             self.stats.skipped_busy += 1
         except ModelClosedError:
@@ -121,7 +124,7 @@ class CameraWorker(threading.Thread):
             self._failed(frame, exc)
             return
         try:
-            self.publish(self.observe(frame, faces, scores, timings, tracked))
+            self.publish(self.observe(frame, faces, scores, timings, tracked, pending.look()))
         except Exception as exc:  # noqa: BLE001 - nor one bad observation: a raise here ended the worker's thread
             self._failed(frame, exc)
 
@@ -131,10 +134,12 @@ class CameraWorker(threading.Thread):
                            frame.camera, frame.index, exc)
 
     def observe(self, frame: Frame, faces: list[Detection], scores: list[EmotionScores],
-                timings: dict[str, float], tracked: list[int] | None = None) -> Observation:
+                timings: dict[str, float], tracked: list[int] | None = None,
+                look: BatchLook | None = None) -> Observation:
         """Attach track ids (a detection frame's from the tracker's matching; a frame without detection's are the
-        ones its faces were predicted for, `tracked`) and smoothed scores; build the Observation."""
-        ids = self.tracker.update(faces, frame.t_mono, self._pixels(frame)) if tracked is None else tracked
+        ones its faces were predicted for, `tracked`) and smoothed scores; build the Observation. `look`: what the
+        engine's batch search gave the frame (templates, or which faces it found), for the tracker."""
+        ids = self._tracked_ids(frame, faces, tracked, look)
         poses = self._head_poses(frame, faces, ids, followed=tracked is not None)
         results = tuple(
             FaceResult(face, score, track_id, self.tracker.smooth(track_id, score, frame.t_mono), pose)
@@ -145,6 +150,19 @@ class CameraWorker(threading.Thread):
         self.stats.faces = len(results)
         self.stats.last_latency_ms = (time.monotonic() - frame.t_mono) * 1e3
         return Observation(frame.camera, frame.index, frame.t_mono, frame.t_wall, (width, height), results, timings)
+
+    def _tracked_ids(self, frame: Frame, faces: list[Detection], tracked: list[int] | None,
+                     look: BatchLook | None) -> list[int]:
+        """A detection frame's track ids from the tracker (its faces' looks kept: cut by the engine when `look` has
+        them, else by the tracker from the frame); a followed frame's are `tracked`, the tracks moved to the faces
+        the engine found by their look."""
+        if tracked is not None:
+            if look is not None and look.found is not None:
+                self.tracker.found_at(tracked, faces, look.found, frame.t_mono)
+            return tracked
+        if look is not None and look.templates is not None:
+            return self.tracker.update(faces, frame.t_mono, templates=look.templates)
+        return self.tracker.update(faces, frame.t_mono, self._pixels(frame))
 
     def _head_poses(self, frame: Frame, faces: list[Detection], ids: list[int],
                     followed: bool) -> list[HeadPose | None]:

@@ -180,3 +180,13 @@ class HostFollower:
 
 
 HOST_FOLLOWER = HostFollower()
+
+
+@dataclass(frozen=True)
+class BatchLook:
+    """What the shared engine's search gave one frame, when faces are found by their look inside its batches
+    (the CUDA frame graphs path): a detection frame's faces' templates, or whether each face given for a frame
+    without detection was found by its look (its box then moved there)."""
+
+    templates: list[FaceTemplate | None] | None = None
+    found: list[bool] | None = None

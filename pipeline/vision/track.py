@@ -10,6 +10,7 @@ the detector (`detector.interval`): every live track's last detection moved on a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import count
 from typing import Literal
@@ -122,10 +123,17 @@ class IouTracker:
             return None
         return image
 
+    def looks_in_batches(self, available: bool) -> bool:
+        """Whether this camera's followed faces are found by their look in the shared engine's batches, where the
+        engine can (`available`: the CUDA frame graphs path), instead of here: when following by look at all."""
+        return available and self.follow and self.follow_by != "motion"
+
     def update(self, faces: list[Detection], now: float, frame: FrameImage | None = None,
-               follower: Follower = HOST_FOLLOWER) -> list[int]:
+               follower: Follower = HOST_FOLLOWER,
+               templates: Sequence[FaceTemplate | None] | None = None) -> list[int]:
         """Assign a track id to each face (same order), expiring tracks unseen for max_age_s; with the frame, each
-        face's look is kept (by `follower`) for `predict` to find it again."""
+        face's look is kept (by `follower`) for `predict` to find it again; or given as `templates` (cut in the
+        engine's batch: vision.follow.BatchLook)."""
         self.tracks = {k: t for k, t in self.tracks.items() if now - t.last_seen <= self.max_age_s}
         self.detected_at = now
         live = list(self.tracks.values())
@@ -141,8 +149,9 @@ class IouTracker:
                 taken.add(track_i)
         if self.follow:
             self._match_near(faces, live, expected, ids, taken)
-        templates = (follower.templates(frame, [face.box for face in faces]) if frame is not None and faces
-                     else [None] * len(faces))
+        if templates is None or len(templates) != len(faces):
+            templates = (follower.templates(frame, [face.box for face in faces]) if frame is not None and faces
+                         else [None] * len(faces))
         for index, (face, template) in enumerate(zip(faces, templates)):
             track_id = ids[index]
             if track_id is None:
@@ -197,6 +206,20 @@ class IouTracker:
                     followed[i][0].moved_to(place, now)
                     boxes[i] = place
         return [(track.track_id, moved_detection(detection, box)) for (track, detection), box in zip(followed, boxes)]
+
+    def templates_for(self, track_ids: Sequence[int]) -> list[FaceTemplate | None]:
+        """The looks of these tracks (as `predict` returned them), for the engine to search by."""
+        return [track.template if (track := self.tracks.get(track_id)) is not None else None
+                for track_id in track_ids]
+
+    def found_at(self, track_ids: Sequence[int], faces: Sequence[Detection], found: Sequence[bool],
+                 now: float) -> None:
+        """The engine found these tracks' faces by their look (where `found`) at the faces' boxes: the tracks move
+        there, as `predict` moves them when it searches itself."""
+        for track_id, face, was_found in zip(track_ids, faces, found):
+            track = self.tracks.get(track_id)
+            if was_found and track is not None:
+                track.moved_to(face.box, now)
 
     def smooth(self, track_id: int, scores: EmotionScores, now: float) -> EmotionScores:
         """Blend `scores` into the track's running probabilities and return the smoothed vector."""

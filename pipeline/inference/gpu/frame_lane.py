@@ -40,6 +40,7 @@ from pipeline.inference.gpu.captured import CAPTURE_RUNS, CapturedClassify, Capt
 from pipeline.inference.gpu.cuda import DeviceBuffer, Stream, relax_capture_mode
 from pipeline.inference.frame_faces import no_face_rows
 from pipeline.inference.gpu.cuda_lane import SMALLEST_CLASSIFY_RUN, SMALLEST_DETECT_RUN, padded_size, padded_sizes
+from pipeline.modelprep.follow_graphs import SCORE_OUTPUT, TEMPLATE_INPUT
 from pipeline.modelprep.frame_graphs import (
     FACE_OUTPUTS,
     FRAME_INDEX_INPUT,
@@ -58,6 +59,8 @@ class GraphSource(Protocol):
 
     def classifier(self, fmt: FrameFormat) -> bytes: ...
 
+    def follow(self, role: str, fmt: FrameFormat) -> bytes: ...
+
     def detector_parts(self, fmt: FrameFormat) -> tuple[bytes, bytes, int]: ...
 
 
@@ -72,6 +75,7 @@ class _FormatState:
     classify_output: str = ""
     captured_detect: dict[int, CapturedDetect] = field(default_factory=dict)
     captured_classify: dict[int, CapturedClassify] = field(default_factory=dict)
+    follow: dict[str, Any] = field(default_factory=dict)  # the follow graphs' sessions by role (plain, not captured)
 
     def close(self) -> None:
         """Drop the sessions and free the buffers (after the lane's stream has drained)."""
@@ -81,6 +85,7 @@ class _FormatState:
             classify.close()
         self.captured_detect.clear()
         self.captured_classify.clear()
+        self.follow.clear()
         self.detect.clear()
         self.classify.clear()
         self.frames.close()
@@ -246,6 +251,30 @@ class CudaFrameLane:
             session.run_with_iobinding(binding)
             probs = binding.copy_outputs_to_cpu()[0]
         return np.asarray(probs[:count])
+
+    def follow(self, fmt: FrameFormat, role: str, matrices: np.ndarray, frame_index: np.ndarray,
+               templates: np.ndarray | None) -> np.ndarray:
+        """A follow graph (inference.batch_search) over the whole buffer, after the staged copies on this stream:
+        its face count varies (padded to powers of two by the caller), so one plain session a role and format."""
+        if self._captured:
+            relax_capture_mode()
+        with self._lock:
+            self._live_stream()
+            state = self._state(fmt)
+            session = state.follow.get(role)
+            if session is None:
+                session = state.follow[role] = self._session_factory(self._graphs.follow(role, fmt),
+                                                                     self._live_stream().handle, False)
+            binding = session.io_binding()
+            binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [self._rows, fmt.height, fmt.width, 3],
+                               state.frames.ptr)
+            binding.bind_cpu_input(MATRIX_INPUT, np.ascontiguousarray(matrices, np.float32))
+            binding.bind_cpu_input(FRAME_INDEX_INPUT, np.ascontiguousarray(frame_index, np.int64))
+            if templates is not None:
+                binding.bind_cpu_input(TEMPLATE_INPUT, np.ascontiguousarray(templates, np.float32))
+            binding.bind_output(TEMPLATE_INPUT if templates is None else SCORE_OUTPUT, "cpu")
+            session.run_with_iobinding(binding)
+            return np.asarray(binding.copy_outputs_to_cpu()[0])
 
     def close(self) -> None:
         """Drain the stream, then drop the sessions (they run on it), free the buffers and destroy the stream."""

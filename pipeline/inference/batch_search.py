@@ -1,0 +1,89 @@
+"""Faces found by their look inside the shared engine's batches (`tracking.follow_by` on the CUDA frame graphs path).
+
+Why in the batch: searching each camera's frame on its own (vision.follow.HostFollower: windows copied down and
+matched in OpenCV; or one follow-graph run a frame, inference.following) costs every camera's worker thread per
+frame, and at 150 cameras the workers became the limit (BENCHMARKS.md, rounds 17-18). Here the lane that already holds
+a batch's frames on the GPU runs the follow graphs (modelprep.follow_graphs) once for every followed face of the
+batch, between staging the frames and cutting their crops: one launch a batch, the faces' crops cut where they were
+found. After the detector, one more run cuts the templates of the detected faces of frames that asked for them.
+
+`Run` is the lane's call: (role "templates" or "match", sampling matrices [F, 2, 3], each face's row in the lane's
+frame buffer [F], templates [F, h, w] or None) → the graph's output rows, F padded to a power of two here so that a
+session meets a handful of shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.core.types import Detection
+from pipeline.modelprep.follow_graphs import FollowGeometry, found_box, sampling_matrix, search_window
+from pipeline.vision.follow import MIN_SCORE, FaceTemplate, best_places
+from pipeline.vision.track import moved_detection
+
+Run = Callable[[str, np.ndarray, np.ndarray, np.ndarray | None], np.ndarray]
+
+
+def padded_count(faces: int) -> int:
+    """The next power of two: a session meets a handful of face counts, not every one (each new shape is planned)."""
+    return 1 << max(0, faces - 1).bit_length()
+
+
+def padded_run(run: Run, role: str, matrices: np.ndarray, frame_index: np.ndarray,
+                templates: np.ndarray | None) -> np.ndarray:
+    """`run` with F padded to a power of two (copies of the first face, templates of zeros); the first F rows."""
+    count = len(matrices)
+    extra = padded_count(count) - count
+    if extra:
+        matrices = np.concatenate([matrices, np.repeat(matrices[:1], extra, axis=0)])
+        frame_index = np.concatenate([frame_index, np.repeat(frame_index[:1], extra)])
+        if templates is not None:
+            templates = np.concatenate([templates, np.zeros((extra, *templates.shape[1:]), np.float32)])
+    return np.asarray(run(role, matrices, frame_index, templates))[:count]
+
+
+@dataclass(frozen=True)
+class Searched:
+    """A batch's followed frames after the search: each frame's faces (moved where their look was found) and which
+    of them were found."""
+
+    faces: list[list[Detection]]
+    found: list[np.ndarray]
+
+
+def search_faces(run: Run, faces: Sequence[list[Detection]], templates: Sequence[Sequence[FaceTemplate | None] | None],
+                 first_row: int, geometry: FollowGeometry) -> Searched:
+    """Every face with a template of this geometry, over all of the batch's followed frames (frame i in buffer row
+    first_row + i), searched in one run; a face whose best match scores under vision.follow.MIN_SCORE keeps the
+    box it was given (its motion's guess)."""
+    wanted = [(frame, face, template) for frame, (given, looks) in enumerate(zip(faces, templates)) if looks
+              for face, template in enumerate(looks)
+              if template is not None and template.pixels.shape == (geometry.template[1], geometry.template[0])
+              and face < len(given)]
+    moved = [list(given) for given in faces]
+    found = [np.zeros(len(given), bool) for given in faces]
+    if not wanted:
+        return Searched(moved, found)
+    windows = [search_window(template.box, faces[frame][face].box, geometry) for frame, face, template in wanted]
+    matrices = np.stack([sampling_matrix(window, geometry.window, geometry.supersample) for window in windows])
+    rows = np.array([first_row + frame for frame, _, _ in wanted], np.int64)
+    pixels = np.stack([template.pixels for _, _, template in wanted]).astype(np.float32, copy=False)
+    best, xs, ys = best_places(padded_run(run, "match", matrices, rows, pixels))
+    for index, (frame, face, template) in enumerate(wanted):
+        if best[index] >= MIN_SCORE:
+            box = found_box(windows[index], float(xs[index]), float(ys[index]), template.box, geometry)
+            moved[frame][face] = moved_detection(faces[frame][face], box)
+            found[frame][face] = True
+    return Searched(moved, found)
+
+
+def cut_templates(run: Run, boxes: np.ndarray, rows: np.ndarray, geometry: FollowGeometry) -> np.ndarray:
+    """The templates [n, h, w] of the faces in `boxes` [n, 4] (frame pixels), each in its buffer row, in one run."""
+    if not len(boxes):
+        return np.zeros((0, geometry.template[1], geometry.template[0]), np.float32)
+    matrices = np.stack([sampling_matrix(tuple(box), geometry.template, geometry.supersample)  # type: ignore[arg-type]
+                         for box in boxes.astype(np.float64)])
+    return padded_run(run, "templates", matrices, rows.astype(np.int64), None)
