@@ -293,12 +293,12 @@ case "${1:-check}" in
     # as CUDA graphs), CAMS (150) cameras in groups of <= PER (30), as step-ab otherwise (_graphs$V_r$ROUND)
     CAMS=${CAMS:-150} PER=${PER:-30} alternated graphs "--set inference.cuda_graphs=" "false true"
     ;;
-  follow-ab)  # issue 25 (the crowd on NVDEC frames): tracking.follow_by auto (faces on GPU frames followed by their
-    # motion alone) against look (each followed face's window copied down and searched), CAMS (150) cameras in groups
-    # of <= PER (30), as step-ab otherwise (_follow$V_r$ROUND); EXTRA="--set inference.cuda_graphs=true" as the
-    # 150-camera example config. (At 3a3f536 look searched GPU frames on the GPU, inference/following.py, and the
-    # pair was "motion look": BENCHMARKS.md, "Faces on GPU frames searched on the GPU".)
-    CAMS=${CAMS:-150} PER=${PER:-30} alternated follow "--set tracking.follow_by=" "auto look"
+  follow-ab)  # issue 25 (the crowd on NVDEC frames): tracking.follow_by motion (faces on GPU frames moved by their
+    # motion alone) against look (found by their look inside the lanes' batches, inference/batch_search.py: what auto
+    # does on the CUDA frame graphs path), CAMS (150) cameras in groups of <= PER (30), as step-ab otherwise
+    # (_follow$V_r$ROUND); EXTRA="--set inference.cuda_graphs=true" as the 150-camera example config. (Round 17's
+    # pair was "auto look", look then copying windows down; round 18's "motion look", look a follow-graph run a frame.)
+    CAMS=${CAMS:-150} PER=${PER:-30} alternated follow "--set tracking.follow_by=" "motion look"
     ;;
   fif-ab)  # issue 25 (6 GB at 64 cameras with the defaults): frames in flight 2 (the default for groups) against 1 as
     # the daemon sizes its groups (max_batch = cameras x frames in flight), as step-ab, DURATION (45) s so that a pool's

@@ -247,7 +247,8 @@ def test_faces_on_nvdec_frames_are_followed_on_the_gpu_as_the_follow_graphs_foll
 
 @pytest.mark.gpu
 @needs_nvdec
-def test_faces_on_nvdec_frames_are_found_by_their_look_in_the_cuda_lanes_batches(app_config: object) -> None:
+def test_faces_on_nvdec_frames_are_found_by_their_look_in_the_cuda_lanes_batches(prepared_models: None,
+                                                                                 app_config: object) -> None:
     """The daemon's way on the CUDA frame graphs path (inference.batch_search): NVDEC frames' followed faces are
     searched inside the lanes' batches and land where the follow graphs on the CPU put them on the frames' host
     copies (tests/test_batch_search.follow_in_batches), most found by their look."""
