@@ -20,11 +20,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.core.types import Detection
+from pipeline.inference.frame_faces import run_slices
 from pipeline.modelprep.follow_graphs import FollowGeometry, found_box, sampling_matrix, search_window
 from pipeline.vision.follow import MIN_SCORE, FaceTemplate, best_places
 from pipeline.vision.track import moved_detection
 
 Run = Callable[[str, np.ndarray, np.ndarray, np.ndarray | None], np.ndarray]
+
+
+# Faces a follow-graph run takes at most. Why a cap: a run's memory grows with its faces (each window's 3x3-sampled
+# pixels, and the match's Conv pairs every window with every template of the run: [F, F, 37, 29]); a batch of 30
+# cameras' crowds holds 100-150 followed faces, which in one run took 3.3 GB more of each group's GPU memory on an
+# H100 (BENCHMARKS.md, round 19). Runs of 32 keep that in tens of MB for a few more launches a batch.
+FACES_PER_RUN = 32
 
 
 def padded_count(faces: int) -> int:
@@ -33,16 +41,22 @@ def padded_count(faces: int) -> int:
 
 
 def padded_run(run: Run, role: str, matrices: np.ndarray, frame_index: np.ndarray,
-                templates: np.ndarray | None) -> np.ndarray:
-    """`run` with F padded to a power of two (copies of the first face, templates of zeros); the first F rows."""
-    count = len(matrices)
-    extra = padded_count(count) - count
-    if extra:
-        matrices = np.concatenate([matrices, np.repeat(matrices[:1], extra, axis=0)])
-        frame_index = np.concatenate([frame_index, np.repeat(frame_index[:1], extra)])
-        if templates is not None:
-            templates = np.concatenate([templates, np.zeros((extra, *templates.shape[1:]), np.float32)])
-    return np.asarray(run(role, matrices, frame_index, templates))[:count]
+               templates: np.ndarray | None) -> np.ndarray:
+    """`run` over at most FACES_PER_RUN faces at a time, each run's F padded to a power of two (copies of its first
+    face, templates of zeros); the rows of all the faces, in order."""
+    parts = []
+    for part in run_slices(len(matrices), FACES_PER_RUN):
+        count = part.stop - part.start
+        extra = padded_count(count) - count
+        matrix, index = matrices[part], frame_index[part]
+        looks = None if templates is None else templates[part]
+        if extra:
+            matrix = np.concatenate([matrix, np.repeat(matrix[:1], extra, axis=0)])
+            index = np.concatenate([index, np.repeat(index[:1], extra)])
+            if looks is not None:
+                looks = np.concatenate([looks, np.zeros((extra, *looks.shape[1:]), np.float32)])
+        parts.append(np.asarray(run(role, matrix, index, looks))[:count])
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 @dataclass(frozen=True)

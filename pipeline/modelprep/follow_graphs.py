@@ -15,8 +15,9 @@ of every window with every template ([F, F, ...]) and its diagonal kept: ONNX Co
 stays [F², positions] instead of [F, positions, template pixels]. The window's energy at each position comes from
 AveragePool over the window and its square (centred by the window's mean first, so float32 keeps its precision).
 
-Inputs and sampling reuse the crop graph's bilinear part (modelprep.frame_graphs): `frames` uint8 [1, H, W, 3] in
-the frame's order, `crop_matrix` [F, 2, 3] (supersampled pixel centre → frame pixel centre), `crop_frame` [F].
+Inputs and sampling reuse the crop graph's bilinear part (modelprep.frame_graphs): `frames` uint8 [B, H, W, 3] in
+the frame's order, `crop_matrix` [F, 2, 3] (supersampled pixel centre → frame pixel centre), `crop_frame` [F] (each
+face's frame in the batch).
 """
 
 from __future__ import annotations
@@ -64,13 +65,17 @@ class FollowGeometry:
 
 def _grey_area(b: _Builder, frame: FrameFormat, size: tuple[int, int], supersample: int) -> str:
     """Each face's region as grey float [F, h, w] (cv2's grey weights, unrounded), every output pixel the mean of
-    `supersample`² bilinear samples."""
+    `supersample`² bilinear samples. Each neighbour is made grey before the blend (grey is linear, so this is the
+    blend's grey): one channel through the blend's tensors instead of three, a third of their memory."""
     width, height = size
     k = supersample
-    crop = _bilinear_crop(b, frame, (width * k, height * k))  # [F, h k, w k, 3], in the frame's order
     weights = np.asarray(GRAY_RGB if frame.order == "rgb" else GRAY_RGB[::-1], np.float32) / float(1 << GRAY_BITS)
-    grey = b.op("ReduceSum", b.op("Mul", crop, b.const(weights)), b.const([3], np.int64), keepdims=0)
-    blocks = b.op("Reshape", grey, b.const([-1, height, k, width, k], np.int64))
+    axis = b.const([3], np.int64)
+
+    def grey(colours: str) -> str:  # [F, h, w, 3] → [F, h, w, 1]
+        return b.op("ReduceSum", b.op("Mul", colours, b.const(weights)), axis, keepdims=1)
+    samples = _bilinear_crop(b, frame, (width * k, height * k), corner=grey)  # [F, h k, w k, 1]
+    blocks = b.op("Reshape", samples, b.const([-1, height, k, width, k], np.int64))
     return b.op("ReduceMean", blocks, axes=[2, 4], keepdims=0)
 
 

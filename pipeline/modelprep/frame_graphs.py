@@ -26,6 +26,7 @@ them on uint8.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -510,10 +511,14 @@ def _neighbours(b: _Builder, coord: str, limit: int) -> tuple[str, str, str]:
     return b.op("Cast", low, to=TensorProto.INT64), b.op("Cast", high, to=TensorProto.INT64), fraction
 
 
-def _bilinear_crop(b: _Builder, frame: FrameFormat, crop_size: tuple[int, int]) -> str:
+def _bilinear_crop(b: _Builder, frame: FrameFormat, crop_size: tuple[int, int],
+                   corner: Callable[[str], str] | None = None) -> str:
     """cv2.warpAffine(INTER_LINEAR, BORDER_REPLICATE) of every face from its frame: [F, h, w, 3] float, rounded to
     the integers cv2 gives, channels in the frame's order. The four neighbours are gathered from the whole batch
-    seen as [B*H*W, 3] uint8 at (frame * H + y) * W + x (int64: the index passes 2^24 with a 1080p batch)."""
+    seen as [B*H*W, 3] uint8 at (frame * H + y) * W + x (int64: the index passes 2^24 with a 1080p batch).
+
+    `corner`: a linear map applied to each neighbour's float colours before they are blended (grey: one channel
+    through the blend instead of three), whose result is then not rounded."""
     x, y = _sample_points(b, crop_size)
     x0, x1, fx = _neighbours(b, x, frame.width)
     y0, y1, fy = _neighbours(b, y, frame.height)
@@ -526,10 +531,13 @@ def _bilinear_crop(b: _Builder, frame: FrameFormat, crop_size: tuple[int, int]) 
         start = b.op("Mul", b.op("Add", first_row, row), width)
         for col in (x0, x1):
             gathered = b.op("Gather", pixels, b.op("Add", start, col), axis=0)
-            corners.append(b.op("Cast", gathered, to=TensorProto.FLOAT))
+            colours = b.op("Cast", gathered, to=TensorProto.FLOAT)
+            corners.append(colours if corner is None else corner(colours))
     top = b.op("Add", corners[0], b.op("Mul", fx, b.op("Sub", corners[1], corners[0])))
     bottom = b.op("Add", corners[2], b.op("Mul", fx, b.op("Sub", corners[3], corners[2])))
     value = b.op("Add", top, b.op("Mul", fy, b.op("Sub", bottom, top)))
+    if corner is not None:
+        return value
     return b.op("Clip", b.op("Round", value), b.const(0.0), b.const(255.0))
 
 
