@@ -361,10 +361,10 @@ def test_models_that_do_not_fit_are_refused(models: dict[str, Path]) -> None:
         crop_classify_graph(classifier, frame, CROP_SIZE, "gray", classifier_input="pixels")
 
 
-def test_follow_graphs_correlate_as_opencv_and_shrink_faces_as_inter_area(perception: object) -> None:
+def test_follow_graphs_correlate_and_sample_as_opencv(perception: object) -> None:
     """modelprep.follow_graphs on the crowd (faces of the first frame searched for in the fourth): the match graph's
     scores are cv2.matchTemplate's TM_CCOEFF_NORMED of the graph's own window and template (to 1e-4), and its best
-    place is OpenCV's; each template is the face shrunk by cv2.INTER_AREA to about a grey level."""
+    place is OpenCV's; each template is the face sampled as cv2.warpAffine samples it (within half a grey level)."""
     from pipeline.modelprep.follow_graphs import FollowGeometry, match_graph, sampling_matrix, template_graph
 
     frames = _frames("group_1080p.mp4", 2, 3)
@@ -388,14 +388,17 @@ def test_follow_graphs_correlate_as_opencv_and_shrink_faces_as_inter_area(percep
         FRAME_INPUT: frames[1][None], MATRIX_INPUT: matrices, FRAME_INDEX_INPUT: index,
         "follow_templates": templates})[0]
     assert scores.shape == (len(boxes), 2 * geometry.margin[1] + 1, 2 * geometry.margin[0] + 1)
-    found = 0
+    found, grey = 0, cv2.cvtColor(frames[0], cv2.COLOR_BGR2GRAY)
     for face, box in enumerate(boxes):
         expected = cv2.matchTemplate(seen[face], templates[face], cv2.TM_CCOEFF_NORMED)
         assert np.abs(scores[face] - expected).max() < 1e-4
         assert scores[face].argmax() == expected.argmax()
         found += int(expected.max() > 0.8)
-        x1, y1, x2, y2 = (int(round(v)) for v in box)
-        grey = cv2.cvtColor(frames[0][y1:y2, x1:x2], cv2.COLOR_BGR2GRAY)
-        shrunk = cv2.resize(grey, (tw, th), interpolation=cv2.INTER_AREA).astype(np.float32)
-        assert np.abs(shrunk - templates[face]).mean() < 2.0
+        # each template pixel is the grey frame sampled bilinearly where the sampling matrix says (one sample a
+        # pixel by default), as cv2.warpAffine samples it (to its 1/32 px grid, from grey rounded to integers)
+        matrix = sampling_matrix(box, (tw, th), k)
+        sampled = cv2.warpAffine(grey, matrix, (tw * k, th * k), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+                                 borderMode=cv2.BORDER_REPLICATE).astype(np.float32)
+        sampled = sampled.reshape(th, k, tw, k).mean(axis=(1, 3))
+        assert np.abs(sampled - templates[face]).mean() < 0.5
     assert found >= len(boxes) // 2  # most faces are plainly there three frames on

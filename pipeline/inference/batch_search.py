@@ -32,7 +32,7 @@ Run = Callable[[str, np.ndarray, np.ndarray, np.ndarray | None], np.ndarray]
 # pixels, and the match's Conv pairs every window with every template of the run: [F, F, 37, 29]); a batch of 30
 # cameras' crowds holds 100-150 followed faces, which in one run took 3.3 GB more of each group's GPU memory on an
 # H100 (BENCHMARKS.md, round 19). Runs of 32 keep that in tens of MB for a few more launches a batch.
-FACES_PER_RUN = 32
+FACES_PER_RUN = 128
 
 
 def padded_count(faces: int) -> int:

@@ -2,8 +2,9 @@
 ONNX, so only a few kilobytes of scores come down instead of every face's window of pixels.
 
 - `template_graph`: frames + one sampling matrix per face → each face's grey template at a fixed size
-  (`FollowGeometry.template`), area-averaged: the face box sampled bilinearly at `supersample`× the template's
-  resolution, then each `supersample`² block averaged (close to cv2.INTER_AREA at the faces' usual 2-4× shrink).
+  (`FollowGeometry.template`), sampled bilinearly at each template pixel's centre (`supersample` > 1: that many
+  samples along each axis averaged, nearer cv2.INTER_AREA; on the crowd 3×3 found the same boxes as one sample,
+  BENCHMARKS.md round 19, at 9× the memory and work).
 - `match_graph`: frames + one sampling matrix per face (its search window: the template's size plus `margin`
   template pixels on each side, at the template's scale) + the templates → normalised cross-correlation scores
   [F, 2 my + 1, 2 mx + 1], cv2.TM_CCOEFF_NORMED's formula: the centred template correlated with each window
@@ -46,11 +47,12 @@ SCORE_OUTPUT = "follow_scores"
 @dataclass(frozen=True)
 class FollowGeometry:
     """Sizes fixed when a follow graph is built: the template's (width, height) in template pixels, the search
-    margin on each side (x, y) in template pixels, and the bilinear samples per template pixel along each axis."""
+    margin on each side (x, y) in template pixels, and the bilinear samples per template pixel along each axis
+    (averaged)."""
 
     template: tuple[int, int] = (24, 30)
     margin: tuple[int, int] = (14, 18)
-    supersample: int = 3
+    supersample: int = 1
 
     @property
     def window(self) -> tuple[int, int]:
