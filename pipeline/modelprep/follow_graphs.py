@@ -10,11 +10,12 @@ ONNX, so only a few kilobytes of scores come down instead of every face's window
   [F, 2 my + 1, 2 mx + 1], cv2.TM_CCOEFF_NORMED's formula: the centred template correlated with each window
   position, over the template's and the position's energies.
 
-Why fixed sizes: every shape stays static but the face count, so one session serves every face size. Why a Conv
-of every window with every template ([F, F, ...]) and its diagonal kept: ONNX Conv has no per-sample weights and its
-`group` is fixed when built; for a frame's few faces the wasted products cost the GPU microseconds, and the memory
-stays [F², positions] instead of [F, positions, template pixels]. The window's energy at each position comes from
-AveragePool over the window and its square (centred by the window's mean first, so float32 keeps its precision).
+Why fixed sizes: every shape stays static but the face count, so one session serves every face size. Why the
+correlation as a batched MatMul along x and a Gather down the rows (`_correlation`), not a Conv: ONNX Conv has no
+per-sample weights, and a Conv of every window with every template ([F, F, ...], its diagonal kept) grew as F² with
+cuDNN's workspace besides: a batch's 100+ faces took gigabytes of GPU memory (BENCHMARKS.md, round 19). The
+window's energy at each position comes from AveragePool over the window and its square (centred by the window's
+mean first, so float32 keeps its precision).
 
 Inputs and sampling reuse the crop graph's bilinear part (modelprep.frame_graphs): `frames` uint8 [B, H, W, 3] in
 the frame's order, `crop_matrix` [F, 2, 3] (supersampled pixel centre → frame pixel centre), `crop_frame` [F] (each
@@ -94,13 +95,22 @@ def _centred(b: _Builder, x: str, axes: list[int]) -> str:
     return b.op("Sub", x, b.op("ReduceMean", x, axes=axes, keepdims=1))
 
 
-def _diagonal(b: _Builder, pairs: str, faces: str, size: tuple[int, int]) -> str:
-    """[F, F, h, w] → [F, h, w]: each face's own pair (f, f)."""
-    flat = b.op("Reshape", pairs, b.const([-1, size[1], size[0]], np.int64))  # [F * F, h, w]
-    count = b.op("Squeeze", faces, b.const([0], np.int64))
-    own = b.op("Mul", b.op("Range", b.const(0, np.int64), count, b.const(1, np.int64)),
-               b.op("Add", count, b.const(1, np.int64)))
-    return b.op("Gather", flat, own, axis=0)
+def _correlation(b: _Builder, windows: str, templates: str, geometry: FollowGeometry) -> str:
+    """Each window [F, SH, SW] correlated with its own template [F, th, tw] at every position: [F, sh, sw], in two
+    steps linear in F. Along x, every window row against every template row (the window's rows gathered at each x
+    offset, one batched MatMul per face): A[f, y, dx, r] = sum_c W[f, y, dx + c] T[f, r, c]; then down the rows,
+    out[f, dy, dx] = sum_r A[f, dy + r, dx, r] (a Gather of the (dy + r, r) pairs)."""
+    (tw, th), (ww, wh), (sw, sh) = geometry.template, geometry.window, geometry.scores
+    along_x = np.arange(sw)[:, None] + np.arange(tw)[None, :]  # [sw, tw]: window column of (dx, c)
+    rows = b.op("Gather", windows, b.const(along_x, np.int64), axis=2)  # [F, SH, sw, tw]
+    rows = b.op("Reshape", rows, b.const([-1, wh * sw, tw], np.int64))
+    by_row = b.op("MatMul", rows, b.op("Transpose", templates, perm=[0, 2, 1]))  # [F, SH * sw, th]
+    by_row = b.op("Reshape", b.op("Transpose", b.op("Reshape", by_row, b.const([-1, wh, sw, th], np.int64)),
+                                  perm=[0, 2, 1, 3]), b.const([-1, sw, wh * th], np.int64))  # [F, sw, SH * th]
+    pairs = (np.arange(sh)[:, None] + np.arange(th)[None, :]) * th + np.arange(th)[None, :]  # [sh, th]: (dy + r, r)
+    summed = b.op("ReduceSum", b.op("Gather", by_row, b.const(pairs, np.int64), axis=2), b.const([3], np.int64),
+                  keepdims=0)  # [F, sw, sh]
+    return b.op("Transpose", summed, perm=[0, 2, 1])
 
 
 def match_graph(frame: FrameFormat, geometry: FollowGeometry = FollowGeometry()) -> onnx.ModelProto:
@@ -108,13 +118,11 @@ def match_graph(frame: FrameFormat, geometry: FollowGeometry = FollowGeometry())
     normalised cross-correlation of each face's template at every position of its search window."""
     b = _Builder("follow")
     tw, th = geometry.template
-    windows = b.op("Unsqueeze", _grey_area(b, frame, geometry.window, geometry.supersample),
-                   b.const([1], np.int64))  # [F, 1, SH, SW]
-    windows = _centred(b, windows, [2, 3])
-    templates = _centred(b, b.op("Unsqueeze", TEMPLATE_INPUT, b.const([1], np.int64)), [2, 3])  # [F, 1, th, tw]
-    faces = b.op("Slice", b.op("Shape", TEMPLATE_INPUT), b.const([0], np.int64), b.const([1], np.int64))
-    pairs = b.op("Conv", windows, templates, kernel_shape=[th, tw])  # [F, F, sh, sw]
-    products = _diagonal(b, pairs, faces, geometry.scores)
+    flat_windows = _centred(b, _grey_area(b, frame, geometry.window, geometry.supersample), [1, 2])  # [F, SH, SW]
+    flat_templates = _centred(b, TEMPLATE_INPUT, [1, 2])  # [F, th, tw]
+    products = _correlation(b, flat_windows, flat_templates, geometry)
+    windows = b.op("Unsqueeze", flat_windows, b.const([1], np.int64))  # [F, 1, SH, SW]
+    templates = b.op("Unsqueeze", flat_templates, b.const([1], np.int64))  # [F, 1, th, tw]
     mean = b.op("AveragePool", windows, kernel_shape=[th, tw])
     square_mean = b.op("AveragePool", b.op("Mul", windows, windows), kernel_shape=[th, tw])
     variance = b.op("Relu", b.op("Sub", square_mean, b.op("Mul", mean, mean)))  # [F, 1, sh, sw]
