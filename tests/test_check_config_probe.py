@@ -279,8 +279,8 @@ def test_many_cameras_a_gpu_on_frame_graphs_launched_node_by_node_are_advised_cu
 
 def test_large_camera_processes_following_by_look_on_gpu_frames_are_advised(tmp_path: Path) -> None:
     """tracking.follow_by look on GPU frames for more than 16 enabled cameras a process: check-config says the
-    workers' matching limits it (an H100 analysed 67 % of 64 cameras in groups of 32 that way; BENCHMARKS.md
-    round 17); not with 16 a process, with auto, every frame detected, the OpenCV frame path or on the CPU."""
+    batches' search limits it (an H100 analysed 81 % of 64 cameras in groups of 32 that way; BENCHMARKS.md
+    round 19); not with 16 a process, with auto, every frame detected, the OpenCV frame path or on the CPU."""
     cameras = "".join(f"  - {{name: cam{i}, source: demo{', enabled: false' if i >= 64 else ''}}}\n"
                       for i in range(70))
     config = tmp_path / "look.yaml"

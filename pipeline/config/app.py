@@ -78,12 +78,13 @@ class TrackingConfig(StrictModel):
     follow_by: Literal["auto", "look", "motion"] = Field(
         "auto", description="With detector.interval > 1, how a face is found on the frames between detections: "
         "look (its track's motion, then its own pixels matched near there, a 24 px template), motion (the motion "
-        "alone), auto (look on frames on the host, motion on frames that stay on the GPU: NVDEC). look on a GPU "
-        "frame copies a window around each followed face to the host (about 3x the face's area, never the whole "
-        "frame). On a panning crowd (group_1080p.mp4, interval 3, CPU) look kept 90 % of followed boxes within IoU "
-        "0.8 of the detection, motion alone 49.5 % (BENCHMARKS.md, \"Following by look or by motion\"). On NVDEC "
-        "frames look suits a few cameras: an H100 analysed every frame of 16 that way, 67 % of 64 in groups of 32 "
-        "(round 17).")
+        "alone), auto (look on frames on the host, motion on frames that stay on the GPU: NVDEC). On the CUDA frame "
+        "graphs path look searches every followed face of a batch on the GPU, in the lanes (one run a batch); "
+        "elsewhere a GPU frame's window around each face is copied down and searched on the host. On a panning crowd "
+        "(group_1080p.mp4, interval 3, CPU) look kept 90 % of followed boxes within IoU 0.8 of the detection, motion "
+        "alone 49.5 % (BENCHMARKS.md, \"Following by look or by motion\"). On NVDEC frames look suits a few cameras a "
+        "process: an H100 analysed every frame of 16 in one process (0.3 cores more than motion), 81 % of 64 in "
+        "groups of 32 (round 19).")
 
 
 class AvatarSection(AvatarSettings):

@@ -79,7 +79,8 @@ CAMERAS_PER_GPU_EVERY_FRAME = 64  # ... one H200 analysed every frame of with th
 CAMERAS_PER_GPU_UNCAPTURED = 96  # past this a GPU's lanes launching the frame graphs node by node cost cores that
 # inference.cuda_graphs saves (150 cameras: 1.2-1.3 lane cores instead of 2.6-2.8, BENCHMARKS.md round 16)
 CAMERAS_PER_PROCESS_LOOKING = 16  # the most cameras one process followed by look on NVDEC frames with every frame
-# analysed (an H100: 16 in one process every frame, 64 in groups of 32 67 %; BENCHMARKS.md round 17)
+# analysed (an H100, searched in the lanes' batches: 16 in one process every frame, 64 in groups of 32 81 %;
+# BENCHMARKS.md round 19)
 # BatchStats' recent lists and the counter each grows with: one entry per batch, or per item for the queue wait.
 _RECENT = {"batch_sizes": "batches", "recent_compute_ms": "batches", "recent_queue_ms": "items"}
 
@@ -147,13 +148,13 @@ def detector_interval_advice(cameras: Sequence[CameraConfig], interval: int, inf
 def follow_look_advice(cameras: Sequence[CameraConfig], interval: int, follow_by: str,
                        inference: InferenceConfig) -> str | None:
     """Advice when each camera process follows faces by their look (tracking.follow_by: look) on frames that stay
-    on the GPU for more than CAMERAS_PER_PROCESS_LOOKING cameras: there the workers' matching, not the GPU, limits
-    what is analysed. None on the CPU, on the OpenCV frame path, with every frame detected, or without look."""
+    on the GPU for more than CAMERAS_PER_PROCESS_LOOKING cameras: there each batch's search holds up its lane.
+    None on the CPU, on the OpenCV frame path, with every frame detected, or without look."""
     crowd = crowded_processes(cameras, inference.processes, CAMERAS_PER_PROCESS_LOOKING)
     if inference.device != "cuda" or not inference.graph_frames or interval <= 1 or follow_by != "look" or not crowd:
         return None
     return (f"{crowd}, follow faces by their look on GPU frames: an H100 analysed every frame of 16 cameras in one "
-            f"process that way but 67 % of 64 in groups of 32 (the workers' matching is the limit); consider "
+            f"process that way but 81 % of 64 in groups of 32 (each batch's search holds up its lane); consider "
             f"follow_by: auto, or processes of at most {CAMERAS_PER_PROCESS_LOOKING} cameras (inference.processes)")
 
 

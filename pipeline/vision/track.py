@@ -125,8 +125,10 @@ class IouTracker:
 
     def looks_in_batches(self, available: bool) -> bool:
         """Whether this camera's followed faces are found by their look in the shared engine's batches, where the
-        engine can (`available`: the CUDA frame graphs path), instead of here: when following by look at all."""
-        return available and self.follow and self.follow_by != "motion"
+        engine can (`available`: the CUDA frame graphs path), instead of here: with `tracking.follow_by: look`.
+        Not under `auto`: on an H100 the batches' search kept every frame of 16 cameras in one process but 81 % of
+        64 in groups of 32, where motion alone keeps them all (BENCHMARKS.md, round 19)."""
+        return available and self.follow and self.follow_by == "look"
 
     def update(self, faces: list[Detection], now: float, frame: FrameImage | None = None,
                follower: Follower = HOST_FOLLOWER,
