@@ -198,3 +198,20 @@ def test_bench_interval_names_a_bad_interval() -> None:
     done = run_cli("bench", "interval", "--video", "clip.mp4", "--interval", "3,1", timeout=60)
     assert done.returncode == 2 and "'3,1': give whole numbers of 2 or more" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_bench_interval_measures_the_follow_graphs_on_the_cpu(prepared_models: None, tmp_path: Path) -> None:
+    """`--follower graph` follows by the follow graphs (the search the CUDA lanes run), here on the CPU, sampled as
+    `--supersample` says; the table and the JSON say which; --supersample alone is refused, exit 2."""
+    video, out = data_path("video", "woman_short.mp4"), tmp_path / "graph.json"
+    done = run_cli("bench", "interval", "--video", str(video), "--follower", "graph", "--supersample", "2",
+                   "--log-level", "warning", "--json", str(out), timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "look follower graph" in done.stdout, done.stdout
+    result = json.loads(out.read_text())
+    assert result["follower"] == "graph" and result["supersample"] == 2, result
+    (row,) = result["rows"]
+    assert row["compared"] > 0 and row["iou_min"] >= 0.8, row
+    refused = run_cli("bench", "interval", "--video", str(video), "--supersample", "2", timeout=60)
+    assert refused.returncode == 2 and "with --follower graph" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr

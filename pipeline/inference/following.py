@@ -161,14 +161,15 @@ class GraphFollower:
 _thread_state = threading.local()
 
 
-def cpu_graph_follower(threads: int = 1) -> GraphFollower:
+def cpu_graph_follower(threads: int = 1, supersample: int | None = None) -> GraphFollower:
     """The follow graphs on ONNX Runtime's CPU provider, host frames included: what GPU frames get, measurable
-    here (`bench interval --follower graph`, the tests)."""
+    here (`bench interval --follower graph [--supersample K]`, the tests)."""
     from pipeline.inference.onnxruntime import import_ort, make_session
 
     ort = import_ort()
+    geometry = FollowGeometry() if supersample is None else FollowGeometry(supersample=supersample)
     return GraphFollower(lambda graph: make_session(ort, graph, "follow graph", threads, ["CPUExecutionProvider"]),
-                         host_frames=True)
+                         host_frames=True, geometry=geometry)
 
 
 def _order(frame: FrameImage) -> ChannelOrder:

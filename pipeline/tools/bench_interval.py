@@ -47,6 +47,7 @@ from pipeline.inference.perception import Perception
 from pipeline.service.parts import tracker_for
 from pipeline.tools.bench_engine import video_frames
 from pipeline.tools.bench_pipeline import add_set_arg, with_overrides
+from pipeline.tools.usage import UsageError
 from pipeline.vision.follow import HOST_FOLLOWER, Follower
 from pipeline.vision.track import IouTracker, box_iou
 
@@ -68,6 +69,13 @@ def interval_list(text: str) -> list[int]:
     return values
 
 
+def supersample_count(text: str) -> int:
+    """--supersample's value: a whole number from 1 to 4."""
+    if not text.isdigit() or not 1 <= int(text) <= 4:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number from 1 to 4")
+    return int(text)
+
+
 def add_interval_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--video", type=Path, action="append", required=True, metavar="FILE",
                         help="video file, every frame analysed both ways; repeatable")
@@ -82,6 +90,9 @@ def add_interval_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--follower", choices=("host", "graph"), default="host",
                         help="how faces are found by their look: host (OpenCV, as the daemon does) or graph (the "
                              "follow graphs made to search GPU frames on the GPU, here on the CPU)")
+    parser.add_argument("--supersample", type=supersample_count, default=None, metavar="K",
+                        help="with --follower graph: K x K bilinear samples averaged per template pixel (default: "
+                             "the daemon's, modelprep.follow_graphs.FollowGeometry)")
 
 
 @dataclass
@@ -270,9 +281,12 @@ def frames_of(video: Path, most: int = 10_000) -> tuple[list[np.ndarray], float]
 
 def bench_interval(args: argparse.Namespace) -> dict[str, Any]:
     config = with_overrides(load_config(args.config), args.overrides)
+    if args.supersample is not None and args.follower != "graph":
+        raise UsageError("--supersample samples the follow graphs' templates: give it with --follower graph")
     perception = Perception.from_config(config)
     perception.warm_up()
-    follower = cpu_graph_follower(config.inference.threads) if args.follower == "graph" else HOST_FOLLOWER
+    follower = (cpu_graph_follower(config.inference.threads, args.supersample) if args.follower == "graph"
+                else HOST_FOLLOWER)
     try:
         rows = []
         for video in args.video:
@@ -284,7 +298,8 @@ def bench_interval(args: argparse.Namespace) -> dict[str, Any]:
                              **({"ceiling_shift_px": args.ceiling} if args.ceiling is not None else {})})
     finally:
         perception.close()
-    return {"mode": "interval", "model": perception.classifier.model.name, "follower": args.follower, "rows": rows}
+    return {"mode": "interval", "model": perception.classifier.model.name, "follower": args.follower,
+            "supersample": args.supersample, "rows": rows}
 
 
 def print_interval_table(result: dict[str, Any]) -> None:
