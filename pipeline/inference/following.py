@@ -28,20 +28,17 @@ from pipeline.inference.batch_search import padded_run
 from pipeline.inference.batching import ModelClosedError
 from pipeline.inference.settings import InferenceConfig
 from pipeline.modelprep.follow_graphs import (
+    FOLLOW_GRAPHS,
+    MIN_TEMPLATE_PX,
     SCORE_OUTPUT,
     TEMPLATE_INPUT,
     FollowGeometry,
     found_box,
-    match_graph,
     sampling_matrix,
     search_window,
-    template_graph,
 )
 from pipeline.modelprep.frame_graphs import FRAME_INDEX_INPUT, FRAME_INPUT, MATRIX_INPUT, FrameFormat
 from pipeline.vision.follow import HOST_FOLLOWER, MIN_SCORE, Box, FaceTemplate, best_places
-
-GRAPHS = {"templates": template_graph, "match": match_graph}
-MIN_FACE_PX = 4  # a box narrower or lower than this has no template (as on the host)
 
 
 class GraphFollower:
@@ -68,11 +65,11 @@ class GraphFollower:
         self._closed = False
 
     def templates(self, frame: FrameImage, boxes: Sequence[Box]) -> list[FaceTemplate | None]:
-        """Each box's grey template at the geometry's fixed size (None for a box under MIN_FACE_PX)."""
+        """Each box's grey template at the geometry's fixed size (None for a box under MIN_TEMPLATE_PX)."""
         if self._on_host(frame):
             return HOST_FOLLOWER.templates(frame, boxes)
         size, k = self.geometry.template, self.geometry.supersample
-        usable = [i for i, box in enumerate(boxes) if min(box[2] - box[0], box[3] - box[1]) >= MIN_FACE_PX]
+        usable = [i for i, box in enumerate(boxes) if min(box[2] - box[0], box[3] - box[1]) >= MIN_TEMPLATE_PX]
         templates: list[FaceTemplate | None] = [None] * len(boxes)
         if not usable:
             return templates
@@ -144,7 +141,7 @@ class GraphFollower:
             if self._closed:
                 raise ModelClosedError("the follow graphs are closed")
             if key not in self._sessions:
-                self._sessions[key] = self._factory(GRAPHS[role](fmt, self.geometry).SerializeToString())
+                self._sessions[key] = self._factory(FOLLOW_GRAPHS[role](fmt, self.geometry).SerializeToString())
             return self._sessions[key]
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 
 from pipeline.core.types import Detection, EmotionScores
 from pipeline.vision.follow import BatchLook, FaceTemplate
+from pipeline.modelprep.follow_graphs import MIN_TEMPLATE_PX
 from pipeline.modelprep.frame_graphs import FACE_BOX, FACE_LANDMARKS, FACE_OUTPUTS, FACE_SCORE
 
 
@@ -96,9 +97,6 @@ def joined(first: KeptFaces, then: KeptFaces) -> KeptFaces:
                      np.concatenate([first.boxes, then.boxes]), np.concatenate([first.scores, then.scores]),
                      np.concatenate([first.landmarks, then.landmarks]),
                      np.concatenate([first.offsets, then.offsets[1:] + first.offsets[-1]]))
-
-
-MIN_TEMPLATE_PX = 4  # a face box narrower or lower than this has no template (as on the host)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,10 @@ round trip carries only boxes. On cuda (gpu/frame_lane.py) the frames are copied
 on the GPU (device to device from NVDEC, or host to device for a CPU-decoded camera) and read there by both graphs;
 on the CPU (HostFrameLane below) the same graphs run on host arrays, which is how CI tests this path.
 
+With `tracking.follow_by: look` on cuda the lanes also find the followed faces by their look between staging and
+cropping, and cut the detected faces' templates (inference.batch_search, the follow graphs of
+modelprep/follow_graphs.py): the workers send their tracks' templates with the frame and get the results back.
+
 Items of one batch may come from cameras of different sizes or channel orders: they are grouped by FrameFormat, and
 each format has its own graphs (shapes are static, so each graph is planned once), built when first met.
 """
@@ -36,10 +40,10 @@ import onnx
 
 from pipeline.core.types import Detection, FrameImage
 from pipeline.inference.backend import BackendError
+from pipeline.inference.batch_search import cut_templates, search_faces
 from pipeline.inference.batching import BatchedModel
 from pipeline.inference.classifier import followed_read, normalised
 from pipeline.inference.format_gate import FormatGate
-from pipeline.inference.batch_search import cut_templates, search_faces
 from pipeline.inference.frame_faces import (
     FrameResult,
     KeptFaces,
@@ -66,7 +70,7 @@ from pipeline.modelprep.frame_graphs import (
     detector_frame_graph,
     detector_graph_parts,
 )
-from pipeline.modelprep.follow_graphs import SCORE_OUTPUT, TEMPLATE_INPUT, FollowGeometry, match_graph, template_graph
+from pipeline.modelprep.follow_graphs import FOLLOW_GRAPHS, SCORE_OUTPUT, TEMPLATE_INPUT, FollowGeometry
 from pipeline.modelprep.manifest import ModelManifest
 from pipeline.vision.align import align_matrix, box_crop_matrices, inverse_affine
 from pipeline.vision.follow import FaceTemplate
@@ -167,7 +171,7 @@ class FrameGraphs:
 
     def follow(self, role: str, fmt: FrameFormat) -> bytes:
         """A follow graph (modelprep.follow_graphs: "templates" or "match") for this format, at FOLLOW_GEOMETRY."""
-        build = template_graph if role == "templates" else match_graph
+        build = FOLLOW_GRAPHS[role]
         return self._get(f"follow {role} graph", fmt, lambda: build(fmt, FOLLOW_GEOMETRY).SerializeToString())
 
     def detector_parts(self, fmt: FrameFormat) -> tuple[bytes, bytes, int]:
@@ -208,12 +212,8 @@ class HostFrameLane:
     def _session(self, role: str, fmt: FrameFormat) -> Any:
         session = self._sessions.get((role, fmt))
         if session is None:
-            if role == "detector":
-                graph = self._graphs.detector(fmt)
-            elif role == "classifier":
-                graph = self._graphs.classifier(fmt)
-            else:
-                graph = self._graphs.follow(role, fmt)
+            own = {"detector": self._graphs.detector, "classifier": self._graphs.classifier}.get(role)
+            graph = own(fmt) if own is not None else self._graphs.follow(role, fmt)
             session = self._sessions[(role, fmt)] = self._session_factory(graph)
         return session
 

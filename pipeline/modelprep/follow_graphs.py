@@ -41,6 +41,7 @@ from pipeline.modelprep.frame_graphs import (
     _standalone,
 )
 
+MIN_TEMPLATE_PX = 4  # a face box narrower or lower than this has no template (as on the host: vision.follow)
 TEMPLATE_INPUT = "follow_templates"  # the match graph's templates; also the template graph's output
 SCORE_OUTPUT = "follow_scores"
 
@@ -139,6 +140,8 @@ def match_graph(frame: FrameFormat, geometry: FollowGeometry = FollowGeometry())
     output = helper.make_tensor_value_info(SCORE_OUTPUT, TensorProto.FLOAT, ["faces", sh, sw])
     return _standalone(b, inputs, [output], CLASSIFIER_OPSET, "follow_match")
 
+
+FOLLOW_GRAPHS = {"templates": template_graph, "match": match_graph}  # by role, as the lanes ask for them
 
 Box = tuple[float, float, float, float]
 
