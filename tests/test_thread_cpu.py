@@ -24,20 +24,31 @@ def _burn(seconds: float) -> None:
 
 
 def test_a_busy_thread_is_counted_under_its_role_and_an_idle_one_is_not() -> None:
+    """Two burners and a sleeper read while all three are alive (time in ended threads is not counted): the burners
+    wait, once they have burned, until the reading is done, so a loaded machine that keeps the main thread off the
+    CPU for a while cannot let them end first (it did in CI, running beside the other tests)."""
     before = cpu_by_role()
     started = time.monotonic()
-    busy = [threading.Thread(target=_burn, args=(0.15,), name=f"burner-cam{i}") for i in (3, 12)]
-    idle = threading.Thread(target=time.sleep, args=(0.4,), name="sleeper-7")
+    burned, read = threading.Barrier(3), threading.Event()
+
+    def burn_then_wait() -> None:
+        _burn(0.15)
+        burned.wait(10)
+        read.wait(10)
+
+    busy = [threading.Thread(target=burn_then_wait, name=f"burner-cam{i}") for i in (3, 12)]
+    idle = threading.Thread(target=read.wait, args=(10,), name="sleeper-7")
     idle.start()
     for thread in busy:
         thread.start()
-    time.sleep(0.05)  # read while every thread is still alive (time in ended threads is not counted)
+    burned.wait(10)
     middle = cpu_by_role()
+    read.set()
     for thread in [*busy, idle]:
         thread.join()
-    # both burners fold into one row; read before they ended, they show what they had burned by then
+    # both burners fold into one row
     assert "burner-camN" in middle and "sleeper-N" in middle
-    assert middle["sleeper-N"] < 0.05
+    assert middle["burner-camN"] >= 0.25 and middle["sleeper-N"] < 0.05
     cores = cores_by_role(before, middle, time.monotonic() - started)
     assert cores["burner-camN"] > cores["sleeper-N"]
 
