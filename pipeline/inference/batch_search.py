@@ -8,8 +8,8 @@ batch, between staging the frames and cutting their crops: one launch a batch, t
 found. After the detector, one more run cuts the templates of the detected faces of frames that asked for them.
 
 `Run` is the lane's call: (role "templates" or "match", sampling matrices [F, 2, 3], each face's row in the lane's
-frame buffer [F], templates [F, h, w] or None) → the graph's output rows, F padded to a power of two here so that a
-session meets a handful of shapes.
+frame buffer [F], templates [F, h, w] or None) → the graph's output rows; called here in runs of at most
+FACES_PER_RUN faces, each padded to a power of two so that a session meets a handful of shapes.
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ from pipeline.vision.track import moved_detection
 Run = Callable[[str, np.ndarray, np.ndarray, np.ndarray | None], np.ndarray]
 
 
-# Faces a follow-graph run takes at most. Why a cap: a run's memory grows with its faces (each window's 3x3-sampled
-# pixels, and the match's Conv pairs every window with every template of the run: [F, F, 37, 29]); a batch of 30
-# cameras' crowds holds 100-150 followed faces, which in one run took 3.3 GB more of each group's GPU memory on an
-# H100 (BENCHMARKS.md, round 19). Runs of 32 keep that in tens of MB for a few more launches a batch.
+# Faces a follow-graph run takes at most. Why a cap: a run's memory grows with its faces (each window's samples, the
+# correlation's [F, 66 x 29, 30] products), and the shared arena keeps the largest run's; a batch of 30 crowd
+# cameras holds 100-150 followed faces. With the correlation as a MatMul, runs of up to 128 faces took 0.6 GB more
+# GPU memory at 64 cameras (2 groups) on an H100, where a Conv over every pair in one run took 6.2 GB more
+# (BENCHMARKS.md, round 19); smaller runs (32) cost more lane time in launches.
 FACES_PER_RUN = 128
 
 

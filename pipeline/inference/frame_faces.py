@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.core.types import Detection, EmotionScores
-from pipeline.vision.follow import BatchLook, FaceTemplate
 from pipeline.modelprep.follow_graphs import MIN_TEMPLATE_PX
 from pipeline.modelprep.frame_graphs import FACE_BOX, FACE_LANDMARKS, FACE_OUTPUTS, FACE_SCORE
+from pipeline.vision.follow import BatchLook, FaceTemplate
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ class FrameResult:
             return BatchLook(found=[bool(value) for value in self.found])
         if self.templates is None:
             return None
-        width = self.templates.shape[2] if self.templates.ndim == 3 else 1
+        width = self.templates.shape[2]  # [n, h, w]
         templates: list[FaceTemplate | None] = []
         for box, pixels in zip(self.boxes, self.templates):
             x1, y1, x2, y2 = (float(v) for v in box)
