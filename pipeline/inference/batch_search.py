@@ -22,7 +22,7 @@ import numpy as np
 from pipeline.core.types import Detection
 from pipeline.inference.frame_faces import run_slices
 from pipeline.modelprep.follow_graphs import FollowGeometry, found_box, sampling_matrix, search_window
-from pipeline.vision.follow import MIN_SCORE, FaceTemplate, best_places
+from pipeline.vision.follow import MIN_SCORE, Box, FaceTemplate, best_places
 from pipeline.vision.track import moved_detection
 
 Run = Callable[[str, np.ndarray, np.ndarray, np.ndarray | None], np.ndarray]
@@ -69,28 +69,37 @@ class Searched:
     found: list[np.ndarray]
 
 
+def search_boxes(run: Run, wanted: Sequence[tuple[FaceTemplate, Box]], rows: np.ndarray,
+                 geometry: FollowGeometry) -> list[Box | None]:
+    """Where each template's face is, searched around its expected box (its frame: `rows`), every face in one
+    run (or a few: FACES_PER_RUN); None where the best match scores under vision.follow.MIN_SCORE. The templates
+    must fit the geometry (FollowGeometry.fits)."""
+    if not wanted:
+        return []
+    windows = [search_window(template.box, expected, geometry) for template, expected in wanted]
+    matrices = np.stack([sampling_matrix(window, geometry.window, geometry.supersample) for window in windows])
+    pixels = np.stack([template.pixels for template, _ in wanted]).astype(np.float32, copy=False)
+    best, xs, ys = best_places(padded_run(run, "match", matrices, rows.astype(np.int64), pixels))
+    return [found_box(window, float(x), float(y), template.box, geometry) if score >= MIN_SCORE else None
+            for window, x, y, score, (template, _) in zip(windows, xs, ys, best, wanted)]
+
+
 def search_faces(run: Run, faces: Sequence[list[Detection]], templates: Sequence[Sequence[FaceTemplate | None] | None],
                  first_row: int, geometry: FollowGeometry) -> Searched:
     """Every face with a template of this geometry, over all of the batch's followed frames (frame i in buffer row
-    first_row + i), searched in one run; a face whose best match scores under vision.follow.MIN_SCORE keeps the
-    box it was given (its motion's guess)."""
+    first_row + i), searched together (`search_boxes`); a face not found keeps the box it was given (its motion's
+    guess)."""
     wanted = [(frame, face, template) for frame, (given, looks) in enumerate(zip(faces, templates)) if looks
               for face, template in enumerate(looks)
-              if template is not None and template.pixels.shape == (geometry.template[1], geometry.template[0])
-              and face < len(given)]
+              if template is not None and geometry.fits(template.pixels) and face < len(given)]
     moved = [list(given) for given in faces]
     found = [np.zeros(len(given), bool) for given in faces]
-    if not wanted:
-        return Searched(moved, found)
-    windows = [search_window(template.box, faces[frame][face].box, geometry) for frame, face, template in wanted]
-    matrices = np.stack([sampling_matrix(window, geometry.window, geometry.supersample) for window in windows])
     rows = np.array([first_row + frame for frame, _, _ in wanted], np.int64)
-    pixels = np.stack([template.pixels for _, _, template in wanted]).astype(np.float32, copy=False)
-    best, xs, ys = best_places(padded_run(run, "match", matrices, rows, pixels))
-    for index, (frame, face, template) in enumerate(wanted):
-        if best[index] >= MIN_SCORE:
-            box = found_box(windows[index], float(xs[index]), float(ys[index]), template.box, geometry)
-            moved[frame][face] = moved_detection(faces[frame][face], box)
+    places = search_boxes(run, [(template, faces[frame][face].box) for frame, face, template in wanted], rows,
+                          geometry)
+    for (frame, face, _), place in zip(wanted, places):
+        if place is not None:
+            moved[frame][face] = moved_detection(faces[frame][face], place)
             found[frame][face] = True
     return Searched(moved, found)
 

@@ -23,109 +23,86 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.core.types import ChannelOrder, FrameImage
-from pipeline.inference.batch_search import padded_run
+from pipeline.core.types import FrameImage
+from pipeline.inference.batch_search import Run, cut_templates, search_boxes
 from pipeline.inference.batching import ModelClosedError
+from pipeline.inference.frames import frame_format
 from pipeline.inference.settings import InferenceConfig
-from pipeline.modelprep.follow_graphs import (
-    FOLLOW_GRAPHS,
-    MIN_TEMPLATE_PX,
-    SCORE_OUTPUT,
-    TEMPLATE_INPUT,
-    FollowGeometry,
-    found_box,
-    sampling_matrix,
-    search_window,
-)
+from pipeline.modelprep.follow_graphs import FOLLOW_GRAPHS, SCORE_OUTPUT, TEMPLATE_INPUT, FollowGeometry
 from pipeline.modelprep.frame_graphs import FRAME_INDEX_INPUT, FRAME_INPUT, MATRIX_INPUT, FrameFormat
-from pipeline.vision.follow import HOST_FOLLOWER, MIN_SCORE, Box, FaceTemplate, best_places
+from pipeline.vision.follow import HOST_FOLLOWER, Box, FaceTemplate, templates_from
 
 
 class GraphFollower:
-    """A vision.follow.Follower that searches GPU frames on the GPU (see the module docstring).
+    """A vision.follow.Follower that searches GPU frames on the GPU (see the module docstring): the batch search's
+    functions (inference.batch_search) over one frame at a time.
 
-    `session_factory(graph bytes)` makes one session; `prepare_thread`, when given, is called once on each thread
-    before its first run on a GPU frame (CUDA: relax the thread's capture mode beside inference.cuda_graphs
-    recordings); `on_close` after the sessions are dropped (CUDA: their stream is drained and destroyed)."""
+    `session_factory(graph bytes)` makes one session; `prepare_thread`, when given, is called before each run on a
+    GPU frame (CUDA: relax the thread's capture mode beside inference.cuda_graphs recordings; it acts once a
+    thread); `on_close` after the sessions are dropped (CUDA: their stream is drained and destroyed)."""
 
     searches_device_frames = True
 
     def __init__(self, session_factory: Callable[[bytes], Any], host_frames: bool = False,
-                 geometry: FollowGeometry = FollowGeometry(),
-                 prepare_thread: Callable[[], None] | None = None, device_id: int = 0,
+                 geometry: FollowGeometry = FollowGeometry(), prepare_thread: Callable[[], None] | None = None,
                  on_close: Callable[[], None] | None = None) -> None:
         self._factory = session_factory
         self._on_close = on_close
         self._host_frames = host_frames
         self.geometry = geometry
         self._prepare_thread = prepare_thread
-        self._device_id = device_id
         self._sessions: dict[tuple[FrameFormat, str], Any] = {}
         self._lock = threading.Lock()
         self._closed = False
 
     def templates(self, frame: FrameImage, boxes: Sequence[Box]) -> list[FaceTemplate | None]:
-        """Each box's grey template at the geometry's fixed size (None for a box under MIN_TEMPLATE_PX)."""
+        """Each box's grey template at the geometry's fixed size (None for a box under vision.follow.MIN_FACE_PX)."""
         if self._on_host(frame):
             return HOST_FOLLOWER.templates(frame, boxes)
-        size, k = self.geometry.template, self.geometry.supersample
-        usable = [i for i, box in enumerate(boxes) if min(box[2] - box[0], box[3] - box[1]) >= MIN_TEMPLATE_PX]
-        templates: list[FaceTemplate | None] = [None] * len(boxes)
-        if not usable:
-            return templates
-        matrices = [sampling_matrix(boxes[i], size, k) for i in usable]
-        pixels = self._run(frame, "templates", matrices, None)
-        for row, i in enumerate(usable):
-            box = boxes[i]
-            templates[i] = FaceTemplate(pixels[row], size[0] / (box[2] - box[0]), box)
-        return templates
+        if not boxes:
+            return []
+        cut = cut_templates(self._runner(frame), np.asarray(boxes, np.float64), np.zeros(len(boxes), np.int64),
+                            self.geometry)
+        return templates_from(cut, boxes)
 
     def locate(self, frame: FrameImage, wanted: Sequence[tuple[FaceTemplate, Box]]) -> list[Box | None]:
         """Where each template's face is: the best correlation within its search window (centred on the expected
         box), None where it is below vision.follow.MIN_SCORE or the template was not made by this follower."""
         if self._on_host(frame):
             return HOST_FOLLOWER.locate(frame, wanted)
-        tw, th = self.geometry.template
-        ours = [i for i, (template, _) in enumerate(wanted) if template.pixels.shape == (th, tw)]
+        ours = [i for i, (template, _) in enumerate(wanted) if self.geometry.fits(template.pixels)]
+        places = search_boxes(self._runner(frame), [wanted[i] for i in ours], np.zeros(len(ours), np.int64),
+                              self.geometry)
         found: list[Box | None] = [None] * len(wanted)
-        if not ours:
-            return found
-        windows = [search_window(wanted[i][0].box, wanted[i][1], self.geometry) for i in ours]
-        matrices = [sampling_matrix(window, self.geometry.window, self.geometry.supersample) for window in windows]
-        templates = np.stack([wanted[i][0].pixels for i in ours]).astype(np.float32, copy=False)
-        best, xs, ys = best_places(self._run(frame, "match", matrices, templates))
-        for row, i in enumerate(ours):
-            if best[row] >= MIN_SCORE:
-                found[i] = found_box(windows[row], float(xs[row]), float(ys[row]), wanted[i][0].box, self.geometry)
+        for i, place in zip(ours, places):
+            found[i] = place
         return found
 
     def _on_host(self, frame: FrameImage) -> bool:
         return isinstance(frame, np.ndarray) and not self._host_frames
 
-    def _run(self, frame: FrameImage, role: str, matrices: list[np.ndarray], templates: np.ndarray | None
-             ) -> np.ndarray:
-        """One run of a role's graph over a frame's faces (padded to a power of two: batch_search.padded_run)."""
-        height, width = frame.shape[:2]
-        session = self._session(FrameFormat(int(width), int(height), _order(frame)), role)
-        output = TEMPLATE_INPUT if templates is None else SCORE_OUTPUT
+    def _runner(self, frame: FrameImage) -> Run:
+        """The batch search's `Run` over this one frame (row 0 of a batch of one)."""
+        fmt = frame_format(frame)
 
-        def run(_role: str, matrix: np.ndarray, index: np.ndarray, looks: np.ndarray | None) -> np.ndarray:
-            feeds = {MATRIX_INPUT: matrix, FRAME_INDEX_INPUT: index}
-            if looks is not None:
-                feeds[TEMPLATE_INPUT] = looks
+        def run(role: str, matrices: np.ndarray, index: np.ndarray, templates: np.ndarray | None) -> np.ndarray:
+            session = self._session(fmt, role)
+            output = TEMPLATE_INPUT if templates is None else SCORE_OUTPUT
+            feeds = {MATRIX_INPUT: matrices, FRAME_INDEX_INPUT: index}
+            if templates is not None:
+                feeds[TEMPLATE_INPUT] = templates
             if isinstance(frame, np.ndarray):
                 return np.asarray(session.run([output], {FRAME_INPUT: frame[None], **feeds})[0])
             return self._run_bound(session, frame, feeds, output)
-        return padded_run(run, role, np.stack(matrices), np.zeros(len(matrices), np.int64), templates)
+        return run
 
     def _run_bound(self, session: Any, frame: Any, feeds: dict[str, np.ndarray], output: str) -> np.ndarray:
         """A GPU frame bound in place (no copy of it anywhere); the small inputs go up, the scores come down."""
-        if self._prepare_thread is not None and not getattr(_thread_state, "prepared", False):
+        if self._prepare_thread is not None:
             self._prepare_thread()
-            _thread_state.prepared = True
         binding = session.io_binding()
         height, width, _ = frame.shape
-        binding.bind_input(FRAME_INPUT, "cuda", self._device_id, np.uint8, [1, height, width, 3], frame.ptr)
+        binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [1, height, width, 3], frame.ptr)
         for name, value in feeds.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(value))
         binding.bind_output(output, "cpu")
@@ -155,9 +132,6 @@ class GraphFollower:
             self._on_close()
 
 
-_thread_state = threading.local()
-
-
 def cpu_graph_follower(threads: int = 1, supersample: int | None = None) -> GraphFollower:
     """The follow graphs on ONNX Runtime's CPU provider, host frames included: what GPU frames get, measurable
     here (`bench interval --follower graph [--supersample K]`, the tests)."""
@@ -167,10 +141,6 @@ def cpu_graph_follower(threads: int = 1, supersample: int | None = None) -> Grap
     geometry = FollowGeometry() if supersample is None else FollowGeometry(supersample=supersample)
     return GraphFollower(lambda graph: make_session(ort, graph, "follow graph", threads, ["CPUExecutionProvider"]),
                          host_frames=True, geometry=geometry)
-
-
-def _order(frame: FrameImage) -> ChannelOrder:
-    return "bgr" if isinstance(frame, np.ndarray) else frame.order
 
 
 def cuda_graph_follower(ort: Any, inference: InferenceConfig, threads: int = 1,

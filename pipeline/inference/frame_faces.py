@@ -15,9 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.core.types import Detection, EmotionScores
-from pipeline.modelprep.follow_graphs import MIN_TEMPLATE_PX
 from pipeline.modelprep.frame_graphs import FACE_BOX, FACE_LANDMARKS, FACE_OUTPUTS, FACE_SCORE
-from pipeline.vision.follow import BatchLook, FaceTemplate
+from pipeline.vision.follow import BatchLook, templates_from
 
 
 @dataclass(frozen=True)
@@ -119,13 +118,7 @@ class FrameResult:
             return BatchLook(found=[bool(value) for value in self.found])
         if self.templates is None:
             return None
-        width = self.templates.shape[2]  # [n, h, w]
-        templates: list[FaceTemplate | None] = []
-        for box, pixels in zip(self.boxes, self.templates):
-            x1, y1, x2, y2 = (float(v) for v in box)
-            usable = min(x2 - x1, y2 - y1) >= MIN_TEMPLATE_PX
-            templates.append(FaceTemplate(pixels, width / (x2 - x1), (x1, y1, x2, y2)) if usable else None)
-        return BatchLook(templates=templates)
+        return BatchLook(templates=templates_from(self.templates, self.boxes))
 
     def detections(self) -> list[Detection]:
         return [Detection(box=(float(b[0]), float(b[1]), float(b[2]), float(b[3])), score=float(s), landmarks=p)

@@ -41,7 +41,6 @@ from pipeline.modelprep.frame_graphs import (
     _standalone,
 )
 
-MIN_TEMPLATE_PX = 4  # a face box narrower or lower than this has no template (as on the host: vision.follow)
 TEMPLATE_INPUT = "follow_templates"  # the match graph's templates; also the template graph's output
 SCORE_OUTPUT = "follow_scores"
 
@@ -60,6 +59,10 @@ class FollowGeometry:
     def window(self) -> tuple[int, int]:
         """The search window's (width, height) in template pixels."""
         return self.template[0] + 2 * self.margin[0], self.template[1] + 2 * self.margin[1]
+
+    def fits(self, pixels: np.ndarray) -> bool:
+        """Whether a template's pixels were cut at this geometry (a host-made one, or another size, is not)."""
+        return pixels.shape == (self.template[1], self.template[0])
 
     @property
     def scores(self) -> tuple[int, int]:

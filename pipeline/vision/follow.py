@@ -27,6 +27,7 @@ Box = tuple[float, float, float, float]
 TEMPLATE_WIDTH = 24  # pixels: a face is matched at this width (small: fast, and blind to expression detail)
 SEARCH = 0.6  # the search window reaches this share of the face's size beyond the expected box on each side
 MIN_SCORE = 0.5  # below this correlation the template is not trusted and the motion's guess stands
+MIN_FACE_PX = 4  # a face (or its part inside the frame) narrower or lower than this has no template
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ def _clipped(frame: FrameImage, box: Box) -> Window | None:
     height, width = frame.shape[:2]
     x1, y1 = max(0, int(np.floor(box[0]))), max(0, int(np.floor(box[1])))
     x2, y2 = min(width, int(np.ceil(box[2]))), min(height, int(np.ceil(box[3])))
-    return (x1, y1, x2, y2) if x2 - x1 >= 4 and y2 - y1 >= 4 else None
+    return (x1, y1, x2, y2) if x2 - x1 >= MIN_FACE_PX and y2 - y1 >= MIN_FACE_PX else None
 
 
 def _grey_regions(frame: FrameImage, boxes: Sequence[Box], scales: Sequence[float]
@@ -85,6 +86,17 @@ def face_templates(frame: FrameImage, boxes: Sequence[Box]) -> list[FaceTemplate
         # the template covers what was inside the frame: its box is the clipped one
         clipped = (float(x1), float(y1), x1 + pixels.shape[1] / scale, y1 + pixels.shape[0] / scale)
         templates.append(FaceTemplate(pixels, scale, clipped))
+    return templates
+
+
+def templates_from(pixels: np.ndarray, boxes: Sequence[Sequence[float]] | np.ndarray) -> list[FaceTemplate | None]:
+    """Templates of a fixed size cut elsewhere (the follow graphs: `pixels` [n, h, w], one row per box), each with
+    its box and scale (template pixels per frame pixel across); None for a box under MIN_FACE_PX."""
+    templates: list[FaceTemplate | None] = []
+    for row, box in zip(pixels, boxes):
+        x1, y1, x2, y2 = (float(value) for value in box)
+        usable = min(x2 - x1, y2 - y1) >= MIN_FACE_PX
+        templates.append(FaceTemplate(row, pixels.shape[2] / (x2 - x1), (x1, y1, x2, y2)) if usable else None)
     return templates
 
 

@@ -259,12 +259,12 @@ class CudaFrameLane:
         if self._captured:
             relax_capture_mode()
         with self._lock:
-            self._live_stream()
+            stream = self._live_stream()
             state = self._state(fmt)
             session = state.follow.get(role)
             if session is None:
-                session = state.follow[role] = self._session_factory(self._graphs.follow(role, fmt),
-                                                                     self._live_stream().handle, False)
+                session = state.follow[role] = self._session_factory(self._graphs.follow(role, fmt), stream.handle,
+                                                                     False)
             binding = session.io_binding()
             binding.bind_input(FRAME_INPUT, "cuda", 0, np.uint8, [self._rows, fmt.height, fmt.width, 3],
                                state.frames.ptr)
