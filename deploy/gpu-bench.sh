@@ -3,7 +3,7 @@
 # models and the test clips for it, ../shared/tools/gpu-machine.md says how calls carry them). Usage there, from the
 # project root, once the stage is assembled:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | session-probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
 #  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | groups |
-#  groups-sweep | groups-ab | step-ab | fif-ab | graphs-ab | follow-ab | split-probe | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu |
+#  groups-sweep | groups-ab | step-ab | fif-ab | graphs-ab | follow-ab | trim-ab | split-probe | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu |
 #  cuda-handles | stack | small)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
@@ -304,6 +304,11 @@ case "${1:-check}" in
     # the daemon sizes its groups (max_batch = cameras x frames in flight), as step-ab, DURATION (45) s so that a pool's
     # idle buffers (freed after 30 s) are gone by the end (_fif$F_r$ROUND)
     DURATION=${DURATION:-45} alternated fif --frames-in-flight "2 1"
+    ;;
+  trim-ab)  # issue 25 (host memory): inference.trim_heap_s 0 (glibc keeps what the process freed) against 30 (the
+    # default: the freed heap given back once a frame size is prepared, then every 30 s), CAMS (64) cameras in groups
+    # of <= PER (32), as step-ab otherwise (_trim$V_r$ROUND)
+    alternated trim "--set inference.trim_heap_s=" "0 30"
     ;;
   interval-sweep)  # issue 25: the most cameras at detector.interval INTERVAL (3) with MODEL (the default), groups of
     # PER (32) cameras under MPS, each count of CAMS_LIST

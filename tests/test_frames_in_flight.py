@@ -4,6 +4,8 @@ the real frame graphs on ONNX Runtime's CPU provider, the real worker."""
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -89,10 +91,13 @@ def test_frames_in_flight_auto(settings: dict[str, Any], graph: bool, expected: 
     assert InferenceConfig(**settings).frames_in_flight_for(graph=graph) == expected
 
 
-def test_a_new_frame_size_is_prepared_in_the_background(prepared_models: None, app_config: Any) -> None:
+def test_a_new_frame_size_is_prepared_in_the_background(prepared_models: None, app_config: Any,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
     """The first frame of a size starts its preparation and is refused at once (NotReadyError, a skip), instead of
-    waiting behind it past the result timeout; once the size is ready, frames go through. analyze() (one-off
-    analyses) prepares on the calling thread instead."""
+    waiting behind it past the result timeout; once the size is ready, frames go through, and what preparing it
+    freed has gone back to the system (inference.trim_heap_s, on by default). analyze() (one-off analyses) prepares
+    on the calling thread instead."""
+    caplog.set_level(logging.INFO, logger="pipeline.inference.format_gate")
     frames = _frames(data_path("video", "woman2.mp4"), 3, 1)
     perception = _perception(app_config, 2)
     try:
@@ -103,6 +108,7 @@ def test_a_new_frame_size_is_prepared_in_the_background(prepared_models: None, a
         while not perception.is_ready(fmt) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert perception.is_ready(fmt)
+        assert re.search(r"frames ready in [\d.]+ s; \d+ MB of freed heap given back", caplog.text), caplog.text
         faces, scores, _ = perception.begin(frames[1]).result()
         assert len(faces) == len(scores) == 1
         smaller = np.ascontiguousarray(frames[2][: 320, : 480])  # another size: analyze() prepares it itself

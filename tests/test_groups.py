@@ -84,10 +84,15 @@ def test_groups_analyse_every_camera_survive_a_killed_process_and_reload_back(
         prepared_models: None, tmp_path: Path, daemons: Callable[..., RunningDaemon]) -> None:
     cams = [f"{{name: {name}, source: '{clip()}', fps: 8, loop: true}}" for name in ("lobby", "door", "hall")]
     port = free_port()
-    config = write_config(tmp_path / "config.yaml", cams, port=port, extra="inference: {processes: 2}\n")
+    config = write_config(tmp_path / "config.yaml", cams, port=port,
+                          extra="inference: {processes: 2, trim_heap_s: 1}\n")
     daemon = daemons(config)
     for name in ("lobby", "door", "hall"):
         daemon.wait_for(lambda n=name: len(daemon.of("observation", n)) >= 3, 90, f"observations from {name}")
+    # every process gives its freed heap back (pipeline/core/heap.py), the daemon's and each group's
+    for process in ("daemon", "emotion-cameras-1", "emotion-cameras-2"):
+        daemon.wait_for(lambda p=process: re.search(rf"{p}: gave \d+ MB of freed heap back", daemon.stderr_text()),
+                        10, f"{process} trimming its heap")
     groups = _groups_started(daemon)
     assert sorted(groups) == ["cameras-1", "cameras-2"], daemon.stderr_text()[-2000:]
     assert groups["cameras-1"][1] == "lobby, hall" and groups["cameras-2"][1] == "door"

@@ -9,30 +9,18 @@ their own, where only /proc can see them (pipeline/tools/thread_cpu.py); a threa
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
-import sys
 import threading
+
+from pipeline.core.libc import LIBC
 
 _PR_SET_NAME = 15  # linux/prctl.h
 _COMM_BYTES = 15  # the kernel keeps 16 bytes, the last a NUL
 
 
-def _libc() -> ctypes.CDLL | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    except OSError:
-        return None
-
-
-_LIBC = _libc()
-
-
 def name_native_thread() -> bool:
     """Give the calling thread's kernel name its `threading` name (first 15 bytes); whether that was done (not on
     other systems than Linux). Call it first thing in a thread's run loop."""
-    if _LIBC is None:
+    if LIBC is None:
         return False
     name = threading.current_thread().name.encode("utf-8", "replace")[:_COMM_BYTES]
-    return _LIBC.prctl(_PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0) == 0
+    return LIBC.prctl(_PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0) == 0

@@ -5,6 +5,8 @@ takes 20-40 s (H200, 1080p, one lane: BENCHMARKS.md), longer than a frame's resu
 size used to fail with TimeoutError, one warning per camera, while the batch holding them prepared the size. Like
 Triton answering "not ready" while a model loads, the gate prepares a new size in the background and cameras of that
 size skip frames (NotReadyError, counted as skipped) until it is ready; the cameras of other sizes keep running.
+Preparing a size frees much of what making its sessions allocated: with `trim_heap` the gate gives that freed heap
+back to the system as soon as the size is ready (pipeline.core.heap), not a trim period later.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from pipeline.core.heap import trim_heap
 from pipeline.inference.batching import NotReadyError
 from pipeline.modelprep.frame_graphs import FrameFormat
 
@@ -23,8 +26,9 @@ log = logging.getLogger(__name__)
 class FormatGate:
     """`prepare(fmt)` builds and warms a size on every lane (blocking); the gate runs it once per size."""
 
-    def __init__(self, prepare: Callable[[FrameFormat], None]) -> None:
+    def __init__(self, prepare: Callable[[FrameFormat], None], trim_heap: bool = False) -> None:
         self._prepare = prepare
+        self._trim_heap = trim_heap  # inference.trim_heap_s > 0
         self._ready: set[FrameFormat] = set()
         self._preparing: set[FrameFormat] = set()  # started in the background, not ready yet
         self._lock = threading.Lock()
@@ -49,6 +53,7 @@ class FormatGate:
         """Prepare `fmt` on the calling thread (a size the caller knows in advance, or a one-off analysis)."""
         if fmt not in self._ready:
             self._prepare(fmt)
+            self._given_back()
             with self._lock:
                 self._ready.add(fmt)
 
@@ -62,7 +67,13 @@ class FormatGate:
             log.error("preparing %dx%d %s frames failed (%s: %s); their batches will try again",
                       fmt.width, fmt.height, fmt.order, type(exc).__name__, exc)
         else:
-            log.info("%dx%d %s frames ready in %.1f s", fmt.width, fmt.height, fmt.order, time.monotonic() - started)
+            log.info("%dx%d %s frames ready in %.1f s%s", fmt.width, fmt.height, fmt.order,
+                     time.monotonic() - started, self._given_back())
         with self._lock:
             self._ready.add(fmt)
             self._preparing.discard(fmt)
+
+    def _given_back(self) -> str:
+        """Trim the heap (when asked to); a phrase for the log saying what went back."""
+        released = trim_heap() if self._trim_heap else None
+        return "" if released is None else f"; {released / 2**20:.0f} MB of freed heap given back"

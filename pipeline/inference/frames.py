@@ -472,13 +472,15 @@ class FramePerception:
     emotions; one shared BatchedModel batches frames across cameras."""
 
     def __init__(self, model: BatchedModel, engine: FrameEngine, result_timeout_s: float = 10.0,
-                 frames_in_flight: int = 1, interval: int = 1) -> None:
+                 frames_in_flight: int = 1, interval: int = 1, trim_heap: bool = False) -> None:
+        """`trim_heap`: give the heap freed while preparing a frame size back to the system (core.heap)."""
         self.model = model
         self.engine = engine
         self.frames_in_flight = frames_in_flight  # per camera (inference.frames_in_flight, resolved)
         self.interval = interval  # detector.interval: frames between detections carry their tracked faces
         self._timeout = result_timeout_s
-        self._formats = FormatGate(lambda fmt: self.model.on_lanes(lambda lane: self.engine.prepare(fmt, lane)))
+        self._formats = FormatGate(lambda fmt: self.model.on_lanes(lambda lane: self.engine.prepare(fmt, lane)),
+                                   trim_heap)
 
     def models(self) -> list[tuple[str, BatchedModel]]:
         return [("frames", self.model)]
@@ -569,7 +571,7 @@ def load_frame_perception(detector_path: Path, classifier_path: Path, detector: 
                          search=inference.device == "cuda" if search is None else search)
     model = BatchedModel(engine, "frames", inference.max_batch, inference.max_delay_ms, inference.queue_size)
     return FramePerception(model, engine, frames_in_flight=inference.frames_in_flight_for(graph=True),
-                           interval=detector.interval)
+                           interval=detector.interval, trim_heap=inference.trim_heap_s > 0)
 
 
 def _cuda_lanes(ort: Any, graphs: FrameGraphs, inference: InferenceConfig, detector: DetectorConfig, threads: int,

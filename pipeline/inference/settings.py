@@ -322,6 +322,11 @@ class InferenceConfig(StrictModel):
                                      "Runtime's shared CUDA arena (every session of the process) may hold, in MB; "
                                      "0 = no cap. A run that needs more fails its batch (logged) instead of "
                                      "taking more: size it with bench memory, with headroom.")
+    trim_heap_s: float = Field(30.0, ge=0, le=86_400, description="Seconds between giving the freed heap back "
+                               "to the system (glibc's malloc_trim) in the daemon and in each camera group; 0 = "
+                               "never. Making the models' sessions frees much of what it allocated, and glibc "
+                               "keeps such memory resident for the process's life unless asked (BENCHMARKS.md). "
+                               "The first trim comes one period after start; each takes milliseconds.")
     queue_size: int = Field(256, ge=1, le=100_000, description="Requests that may wait for inference, per model. "
                                                                "When the queue is full a new request is refused "
                                                                "at once and the camera skips that frame (counted "

@@ -31,6 +31,7 @@ from pipeline.behavior.presence import Greeter, Presence, PresenceChange, Visito
 from pipeline.capture.source_base import VideoSource
 from pipeline.capture.thread import CaptureThread
 from pipeline.config.app import AppConfig, CameraConfig, ConfigError, load_config
+from pipeline.core.heap import HeapTrimmer
 from pipeline.core.redact import mask_secrets
 from pipeline.core.types import CameraEvent, Command, Frame, Observation
 from pipeline.inference.backend import BackendError
@@ -164,6 +165,7 @@ class Daemon:
         self._reload_requested = threading.Event()
         self._stopped = False
         self._withheld: frozenset[str] = frozenset()
+        self.heap = HeapTrimmer("daemon")  # freed heap back to the system every inference.trim_heap_s
 
     # ------------------------------------------------------------------ start
 
@@ -426,6 +428,7 @@ class Daemon:
                 self.log_status()
                 next_log = now + STATUS_LOG_S
             self.metrics.pull_batches(snapshot.models)
+            self.heap.tick(self.cfg.inference.trim_heap_s)
             self.stop_event.wait(TICK_S)
         self.stop()
         return 0

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config.app import AppConfig, CameraConfig
+from pipeline.core.heap import HeapTrimmer
 from pipeline.core.redact import mask_secrets
 from pipeline.core.types import CameraEvent, Frame, Observation
 from pipeline.inference.backend import BackendError
@@ -311,6 +312,7 @@ def _next_command(control: Connection, timeout: float | None) -> str | None:
 def _serve(group: _GroupCameras, control: Connection) -> None:
     """Views every VIEW_INTERVAL_S, previews when asked ("preview:CAMERA"), until "stop" or every camera ended."""
     due = time.monotonic()
+    heap = HeapTrimmer(multiprocessing.current_process().name)  # emotion-group-N
     while True:
         command = _next_command(control, max(0.0, due - time.monotonic()))
         if command == "stop":
@@ -319,6 +321,7 @@ def _serve(group: _GroupCameras, control: Connection) -> None:
             group.send_preview(command.split(":", 1)[1])
         if time.monotonic() >= due:
             group.send_views()
+            heap.tick(group.cfg.inference.trim_heap_s)
             due = time.monotonic() + VIEW_INTERVAL_S
             if group.ended():
                 return

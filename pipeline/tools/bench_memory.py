@@ -7,6 +7,7 @@ One process does, in order, what a camera group does when it starts, and after e
   2. CUDA context     — the runtime initialised on the device (what every process pays once);
   3. models loaded    — ONNX Runtime and its CUDA libraries, the models read (sessions of the OpenCV path made);
   4. frames prepared  — the frame graphs' sessions of every padded batch size built and run once (frame graphs path);
+     heap trimmed     — what the daemon's periodic malloc_trim (inference.trim_heap_s) then gives back (again after 6);
   5. cameras decoding — every camera's decoder open and its frame pool filled, nothing analysed yet;
   6. analysing        — the cameras analysed for `--duration` seconds (the peak over that time is reported).
 
@@ -32,6 +33,7 @@ from typing import Any
 from pipeline.capture.nvdec import frame_pool_allocations
 from pipeline.capture.sources import open_source
 from pipeline.capture.thread import CaptureThread
+from pipeline.core.heap import can_trim, trim_heap
 from pipeline.inference.frames import FramePerception
 from pipeline.inference.perception import load_perception
 from pipeline.service.parts import limit_opencv_threads, new_tracker, prepare_gpu
@@ -142,6 +144,13 @@ def _peak_while(seconds: float) -> float | None:
     return peak
 
 
+def _trim(steps: Steps, period_s: float) -> None:
+    """What the daemon's periodic heap trim (inference.trim_heap_s; 0 = never) gives back at this point."""
+    if period_s > 0 and can_trim():
+        released = trim_heap() or 0
+        steps.mark("heap trimmed", note=f"{released / 2**20:.0f} MB of freed heap given back (malloc_trim)")
+
+
 def bench_memory(args: argparse.Namespace) -> dict[str, Any]:
     interval = parse_intervals(args.interval)[0]
     cfg = bench_config(args, naive=False, interval=interval)
@@ -159,6 +168,7 @@ def bench_memory(args: argparse.Namespace) -> dict[str, Any]:
     else:
         perception.warm_up()
         steps.mark("models warmed")
+    _trim(steps, cfg.inference.trim_heap_s)
     stop = threading.Event()
     limit_opencv_threads(cfg)
     gpu_active = cfg.inference.device != "cpu"
@@ -177,6 +187,7 @@ def bench_memory(args: argparse.Namespace) -> dict[str, Any]:
         peak = _peak_while(args.duration)
         analysed = sum(worker.stats.analysed.total for worker in workers)
         steps.mark("analysing (peak)", gpu_mb=peak, note=f"{analysed} frames analysed in {args.duration:.0f} s")
+        _trim(steps, cfg.inference.trim_heap_s)
         ledger = _ledger()
         pools = _frame_pools(len(captures))
     finally:
