@@ -8,6 +8,7 @@ fails once; both wrap the real backend.
 from __future__ import annotations
 
 import os
+import logging
 import queue
 import threading
 import time
@@ -237,6 +238,33 @@ def test_backend_error_reaches_every_future_of_the_batch_and_serving_continues( 
     np.testing.assert_allclose(_results(good), reference[20:32], atol=1e-5)
     assert model.stats.batches == 2 and model.stats.items == 12 and model.stats.failed == 6
     assert backend.calls == 3
+
+
+def test_a_batch_that_fails_once_closing_began_is_reported_as_abandoned_not_as_an_error(  # type: ignore[no-untyped-def]
+        make_backend, crops, caplog: pytest.LogCaptureFixture) -> None:
+    """A group process that ends while its lane still runs a batch (its close ran past its share of the stop) loses
+    the GPU's context under that batch: the failure is the stop's, said as such, not a model error in the logs."""
+    class LostAtExit(GatedBackend):
+        def run(self, batch: dict[str, np.ndarray], lane: int = 0) -> dict[str, np.ndarray]:
+            self.entered.set()
+            assert self.gate.wait(WAIT_S), "gate never opened"
+            raise RuntimeError("CUDA_ERROR_INVALID_VALUE")
+
+    backend = LostAtExit(make_backend())
+    model = BatchedModel(backend, "frames", max_batch=4, max_delay_ms=1.0)
+    future = model.submit(crops[0])
+    assert backend.entered.wait(WAIT_S)
+    closer = threading.Thread(target=model.close, kwargs={"timeout": WAIT_S})
+    closer.start()
+    while not model._closing.is_set():  # noqa: SLF001 - close() has begun
+        time.sleep(0.01)
+    backend.gate.set()
+    with pytest.raises(RuntimeError, match="INVALID_VALUE"):
+        future.result(timeout=WAIT_S)
+    closer.join(WAIT_S)
+    assert "frames: batch of 1 abandoned while closing: CUDA_ERROR_INVALID_VALUE" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    assert model.stats.failed == 1
 
 
 def test_queue_and_compute_time_are_tracked_separately(make_backend, crops, models) -> None:  # type: ignore[no-untyped-def]

@@ -223,8 +223,11 @@ class BatchedModel:
         try:
             results = self.backend.run_items([r.item for r in batch], lane)
         except Exception as exc:  # noqa: BLE001 - any backend failure belongs to the callers' futures
-            self._failures.log(logging.ERROR, type(exc).__name__, "%s: batch of %d failed: %s", self.name,
-                               len(batch), exc)
+            if self._closing.is_set():  # e.g. a process ending tears the GPU's context down under a late batch
+                log.warning("%s: batch of %d abandoned while closing: %s", self.name, len(batch), exc)
+            else:
+                self._failures.log(logging.ERROR, type(exc).__name__, "%s: batch of %d failed: %s", self.name,
+                                   len(batch), exc)
             with self._lock:
                 self.stats.failed += len(batch)
             for request in batch:
