@@ -3,7 +3,7 @@
 # models and the test clips for it, ../shared/tools/gpu-machine.md says how calls carry them). Usage there, from the
 # project root, once the stage is assembled:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | session-probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
 #  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | groups |
-#  groups-sweep | groups-ab | step-ab | fif-ab | graphs-ab | follow-ab | trim-ab | split-probe | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu |
+#  groups-sweep | groups-ab | step-ab | fif-ab | graphs-ab | follow-ab | trim-ab | face-ab | split-probe | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu |
 #  cuda-handles | stack | small)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
@@ -309,6 +309,10 @@ case "${1:-check}" in
     # default: the freed heap given back once a frame size is prepared, then every 30 s), CAMS (64) cameras in groups
     # of <= PER (32), as step-ab otherwise (_trim$V_r$ROUND)
     alternated trim "--set inference.trim_heap_s=" "0 30"
+    ;;
+  face-ab)  # issue 25 (GPU memory at 64 cameras): inference.face_batch_step 2 (face runs of 16, 32, 64, 128, 256: a
+    # session each) against 4 (16, 64, 256), CAMS (64) cameras in groups of <= PER (32), as step-ab (_face$V_r$ROUND)
+    alternated face "--set inference.face_batch_step=" "2 4"
     ;;
   interval-sweep)  # issue 25: the most cameras at detector.interval INTERVAL (3) with MODEL (the default), groups of
     # PER (32) cameras under MPS, each count of CAMS_LIST

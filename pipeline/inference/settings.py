@@ -229,6 +229,11 @@ class InferenceConfig(StrictModel):
                                                         "the least compute on padding (1.12x more frames than 4 "
                                                         "at 64 cameras on "
                                                         "an H200); larger takes less GPU memory and start time.")
+    face_batch_step: int = Field(0, ge=0, le=64, description="device cuda, frame graphs path: face runs (the "
+                                 "emotion network's) are padded to powers of this from 16 faces, each size a "
+                                 "session of its own per lane (~19 MB of GPU and ~75 MB of host memory each); 0 = "
+                                 "batch_step. 4 prepares 16, 64 and 256 faces instead of 16, 32, 64, 128 and 256 "
+                                 "(BENCHMARKS.md).")
     frame_path: Literal["auto", "opencv", "graph"] = Field(
         "auto", description="Where a frame's letterbox, the detector's candidate decoding and NMS, and the face "
         "crops run. opencv: on the host, in OpenCV and numpy, around the two models. graph: inside ONNX graphs "
@@ -379,6 +384,14 @@ class InferenceConfig(StrictModel):
             few = cameras is not None and cameras <= SMALL_PROCESS_CAMERAS
             return 2 if self.device == "cuda" and not few else 1
         return self.frames_in_flight
+
+    @field_validator("face_batch_step")
+    @classmethod
+    def _check_face_step(cls, value: int) -> int:
+        """Powers of 1 never grow: a step is 2 or more, or 0 for batch_step's."""
+        if value == 1:
+            raise ValueError("must be 0 (batch_step's) or at least 2")
+        return value
 
     @model_validator(mode="after")
     def _triton_needs_url(self) -> InferenceConfig:

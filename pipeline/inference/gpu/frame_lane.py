@@ -95,14 +95,17 @@ class CudaFrameLane:
     """The two frame graphs on one CUDA stream, over one device batch buffer per frame format."""
 
     def __init__(self, graphs: GraphSource, session_factory: Callable[[bytes, int, bool], Any], max_batch: int,
-                 step: int, face_cap: int, what: str, frame_cap: int | None = None, captured: bool = False) -> None:
+                 step: int, face_cap: int, what: str, frame_cap: int | None = None, captured: bool = False,
+                 face_step: int | None = None) -> None:
         """`session_factory(graph, stream handle, captured)` makes one CUDA session on that stream, made for CUDA
-        graph capture when `captured`."""
+        graph capture when `captured`. Frame runs are padded to powers of `step`, face runs to powers of
+        `face_step` (`step` when None)."""
         self.what = what
         self._captured = captured
         self._graphs = graphs
         self._session_factory = session_factory
         self._step = step
+        self._face_step = face_step or step
         self._face_cap = max(1, face_cap)
         self._frame_cap = max(1, min(frame_cap or max_batch, max_batch))
         self._rows = self._frame_cap  # the buffer's rows: a run pads to at most frame_cap (padded_size's cap)
@@ -167,7 +170,7 @@ class CudaFrameLane:
         for bucket in padded_sizes(self._step, self._frame_cap, SMALLEST_DETECT_RUN):
             for _ in range(runs):
                 self.detect([zeros] * bucket, fmt, thresholds)
-        for bucket in padded_sizes(self._step, self._face_cap, SMALLEST_CLASSIFY_RUN):
+        for bucket in padded_sizes(self._face_step, self._face_cap, SMALLEST_CLASSIFY_RUN):
             matrices = np.tile(np.array([[1, 0, 0], [0, 1, 0]], np.float32), (bucket, 1, 1))
             for _ in range(runs):
                 self.classify(fmt, matrices, np.zeros(bucket, np.int64))
@@ -227,7 +230,7 @@ class CudaFrameLane:
 
     def classify(self, fmt: FrameFormat, matrices: np.ndarray, frame_index: np.ndarray) -> np.ndarray:
         count = len(matrices)
-        bucket = padded_size(count, self._step, self._face_cap, SMALLEST_CLASSIFY_RUN)
+        bucket = padded_size(count, self._face_step, self._face_cap, SMALLEST_CLASSIFY_RUN)
         if count > bucket:
             raise BackendError(f"{self.what}: {count} faces exceed the lane's face capacity {self._face_cap}")
         padded_matrices = np.zeros((bucket, 2, 3), np.float32)
