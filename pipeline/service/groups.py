@@ -312,7 +312,7 @@ def _next_command(control: Connection, timeout: float | None) -> str | None:
 def _serve(group: _GroupCameras, control: Connection) -> None:
     """Views every VIEW_INTERVAL_S, previews when asked ("preview:CAMERA"), until "stop" or every camera ended."""
     due = time.monotonic()
-    heap = HeapTrimmer(multiprocessing.current_process().name)  # emotion-group-N
+    heap = HeapTrimmer(multiprocessing.current_process().name)  # emotion-cameras-N
     while True:
         command = _next_command(control, max(0.0, due - time.monotonic()))
         if command == "stop":
