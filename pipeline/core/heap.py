@@ -72,9 +72,12 @@ class HeapTrimmer:
         if now - (self._started if self._last is None else self._last) < period_s:
             return None
         self._last = now
+        started = time.perf_counter()
         released = trim_heap() or 0
+        took_ms = (time.perf_counter() - started) * 1000.0
         self.trims += 1
         self.released_bytes += released
         if self.trims == 1 or released >= 64 << 20:
-            log.info("%s: gave %.0f MB of freed heap back to the system", self._what, released / 2**20)
+            log.info("%s: gave %.0f MB of freed heap back to the system (%.1f ms)", self._what, released / 2**20,
+                     took_ms)
         return released
