@@ -229,11 +229,11 @@ class InferenceConfig(StrictModel):
                                                         "the least compute on padding (1.12x more frames than 4 "
                                                         "at 64 cameras on "
                                                         "an H200); larger takes less GPU memory and start time.")
-    face_batch_step: int = Field(0, ge=0, le=64, description="device cuda, frame graphs path: face runs (the "
+    face_batch_step: int = Field(4, ge=0, le=64, description="device cuda, frame graphs path: face runs (the "
                                  "emotion network's) are padded to powers of this from 16 faces, each size a "
-                                 "session of its own per lane (~19 MB of GPU and ~75 MB of host memory each); 0 = "
-                                 "batch_step. 4 prepares 16, 64 and 256 faces instead of 16, 32, 64, 128 and 256 "
-                                 "(BENCHMARKS.md).")
+                                 "session of its own per lane; 0 = batch_step's. 4 (the default) prepares 16, 64 "
+                                 "and 256 faces instead of 2's 16, 32, 64, 128 and 256: on an H100 40-60 MB less "
+                                 "host memory a camera group, the same frames analysed (BENCHMARKS.md, round 20).")
     frame_path: Literal["auto", "opencv", "graph"] = Field(
         "auto", description="Where a frame's letterbox, the detector's candidate decoding and NMS, and the face "
         "crops run. opencv: on the host, in OpenCV and numpy, around the two models. graph: inside ONNX graphs "
