@@ -31,8 +31,14 @@ case "${1:-check}" in
     python3 -c "import onnxruntime as o; print(o.__version__, o.get_available_providers())" | tee -a "$OUT/gpu.txt"
     python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/test_gpu.txt" | tail -15
     ;;
-  probe)
-    python3 deploy/ort_cuda_probe.py models/retinaface_mnet025.fp16.onnx | tee "$OUT/probe.jsonl"
+  probe)  # PROBE_VARIANTS: only these of deploy/ort_cuda_probe.py's VARIANTS, each in a process of its own
+    if [ -n "${PROBE_VARIANTS:-}" ]; then
+      for variant in $PROBE_VARIANTS; do
+        echo "{\"variant\": \"$variant\", \"result\": $(python3 deploy/ort_cuda_probe.py models/retinaface_mnet025.fp16.onnx "$variant" | tail -1)}"
+      done | tee "$OUT/probe${TAG:-}.jsonl"
+    else
+      python3 deploy/ort_cuda_probe.py models/retinaface_mnet025.fp16.onnx | tee "$OUT/probe.jsonl"
+    fi
     ;;
   split-probe)  # issue 25 (cores): the frame detector graph split at the network's outputs, its body captured as a CUDA
     # graph (deploy/split_detector_probe.py): wall and CPU ms per run against the whole graph, per batch of BATCHES;

@@ -24,6 +24,9 @@ VARIANTS = {
     "heuristic+shared_arena": {"cudnn_conv_algo_search": "HEURISTIC"},
     "default_algo+small_ws": {"cudnn_conv_algo_search": "DEFAULT", "cudnn_conv_use_max_workspace": "0",
                               "arena_extend_strategy": "kSameAsRequested"},
+    # Issue 25 (2026-12-07): the pipeline's sessions run without ONNX Runtime's memory pattern since round 11. Does a
+    # change of size still cost seconds without it? If not, one session could serve every padded size of a lane.
+    "heuristic+shared_arena+no_mem_pattern": {"cudnn_conv_algo_search": "HEURISTIC"},
 }
 # Issue 25 item 3: what each further session costs with the shared arena (~150 MB in the pipeline: 16 sessions per
 # camera group). Each variant changes one thing: cuBLAS's per-handle workspace (an environment variable cuBLAS reads
@@ -69,7 +72,7 @@ def timed(session: object, batch: np.ndarray) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def probe(model: str, options: dict[str, str], shared_arena: bool) -> dict[str, object]:
+def probe(model: str, options: dict[str, str], shared_arena: bool, no_mem_pattern: bool = False) -> dict[str, object]:
     import onnxruntime as ort
 
     from pipeline.inference.onnxruntime import share_cuda_arena
@@ -79,17 +82,23 @@ def probe(model: str, options: dict[str, str], shared_arena: bool) -> dict[str, 
         so.add_session_config_entry("session.use_env_allocators", "1")
     so.intra_op_num_threads = 1
     so.log_severity_level = 3
+    so.enable_mem_pattern = not no_mem_pattern
     frames = {n: np.random.default_rng(0).integers(0, 256, (n, 352, 640, 3), dtype=np.uint8) for n in SIZES}
+    host_before = rss_mb()
     one = ort.InferenceSession(model, so, providers=[("CUDAExecutionProvider", options)])
     first = {n: round(timed(one, frames[n]), 1) for n in SIZES}
     again = {n: round(timed(one, frames[n]), 1) for n in SIZES}  # each size seen before, but the last was another
+    third = {n: round(timed(one, frames[n]), 1) for n in SIZES}
     steady = {n: round(float(np.median([timed(one, frames[n]) for _ in range(5)])), 2) for n in SIZES}
-    mb_one = gpu_mb()
+    mixed = [timed(one, frames[n]) for _ in range(5) for n in SIZES]  # a change of size at every run
+    mb_one, host_one = gpu_mb(), rss_mb()
     more = [ort.InferenceSession(model, so, providers=[("CUDAExecutionProvider", options)]) for _ in SIZES[1:]]
     for session, n in zip(more, SIZES[1:]):
         timed(session, frames[n])
-    return {"first_run_ms": first, "shape_change_ms": again, "steady_ms": steady,
-            "gpu_mb_1_session": mb_one, "gpu_mb_4_sessions": gpu_mb()}
+    return {"first_run_ms": first, "shape_change_ms": again, "shape_change_again_ms": third, "steady_ms": steady,
+            "mixed_sizes_ms_median_max": [round(float(np.median(mixed)), 2), round(max(mixed), 1)],
+            "gpu_mb_1_session": mb_one, "gpu_mb_4_sessions": gpu_mb(),
+            "host_mb_1_session": round(host_one - host_before), "host_mb_4_sessions": round(rss_mb() - host_before)}
 
 
 def rss_mb(field: str = "VmRSS") -> float:
@@ -158,7 +167,8 @@ def main() -> None:
             print(json.dumps({"variant": name, **result}), flush=True)
         return
     if len(sys.argv) > 2:
-        print(json.dumps(probe(model, VARIANTS[sys.argv[2]], sys.argv[2].endswith("shared_arena"))))
+        name = sys.argv[2]
+        print(json.dumps(probe(model, VARIANTS[name], "shared_arena" in name, name.endswith("no_mem_pattern"))))
         return
     for name, options in VARIANTS.items():
         out = subprocess.run([sys.executable, __file__, model, name], capture_output=True, text=True, check=False)
