@@ -1,12 +1,13 @@
 """Giving the process's freed heap back to the system (glibc's malloc_trim), now and then.
 
 Why: glibc keeps what a program frees in its malloc arenas for reuse and hands memory back to the system only from
-the top of the main heap. Making ONNX Runtime sessions frees much of what it allocated (the graphs optimised,
-initialisers converted, cuDNN's search for convolution algorithms), in chunks spread over the arenas of the threads
-that made them, and decoding threads churn frame buffers likewise: those freed pages stay resident, counted in the
-process's RSS for its whole life, until malloc_trim(0) gives every whole free page of every arena back (glibc 2.8
-and later). The call walks the free lists under each arena's lock in turn (milliseconds), so it runs every
-`inference.trim_heap_s` from a loop that wakes anyway, never per frame. What it gives back: BENCHMARKS.md.
+the top of the main heap. Loading and warming the models frees part of what it allocated (graphs optimised,
+initialisers converted), in chunks spread over the arenas of the threads that made them, and decoding threads
+churn frame buffers likewise: those freed pages stay resident, counted in the process's RSS for its whole life,
+until malloc_trim(0) gives every whole free page of every arena back (glibc 2.8 and later). The call walks the free
+lists under each arena's lock in turn (milliseconds), so it runs every `inference.trim_heap_s` from a loop that
+wakes anyway, never per frame. What it gives back (BENCHMARKS.md, round 20): 33-35 MB of a CPU daemon's ~300 MB;
+~7 MB of a GPU camera group's ~2.3 GB, whose sessions' memory is live.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ takes 20-40 s (H200, 1080p, one lane: BENCHMARKS.md), longer than a frame's resu
 size used to fail with TimeoutError, one warning per camera, while the batch holding them prepared the size. Like
 Triton answering "not ready" while a model loads, the gate prepares a new size in the background and cameras of that
 size skip frames (NotReadyError, counted as skipped) until it is ready; the cameras of other sizes keep running.
-Preparing a size frees much of what making its sessions allocated: with `trim_heap` the gate gives that freed heap
-back to the system as soon as the size is ready (pipeline.core.heap), not a trim period later.
+Preparing a size frees part of what making its sessions allocated: with `trim_heap` the gate gives that freed heap
+back to the system as soon as the size is ready (pipeline.core.heap), not a trim period later (a GPU camera group:
+5-12 MB, BENCHMARKS.md round 20).
 """
 
 from __future__ import annotations

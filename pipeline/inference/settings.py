@@ -329,9 +329,9 @@ class InferenceConfig(StrictModel):
                                      "taking more: size it with bench memory, with headroom.")
     trim_heap_s: float = Field(30.0, ge=0, le=86_400, description="Seconds between giving the freed heap back "
                                "to the system (glibc's malloc_trim) in the daemon and in each camera group; 0 = "
-                               "never. Making the models' sessions frees much of what it allocated, and glibc "
-                               "keeps such memory resident for the process's life unless asked (BENCHMARKS.md). "
-                               "The first trim comes one period after start; each takes milliseconds.")
+                               "never. glibc keeps what a process frees resident unless asked: a CPU daemon of 4 "
+                               "cameras gives back 33-35 MB (11 %), a GPU camera group ~7 MB (BENCHMARKS.md, "
+                               "round 20). The first trim comes one period after start; each takes milliseconds.")
     queue_size: int = Field(256, ge=1, le=100_000, description="Requests that may wait for inference, per model. "
                                                                "When the queue is full a new request is refused "
                                                                "at once and the camera skips that frame (counted "
