@@ -7,8 +7,8 @@ fails once; both wrap the real backend.
 
 from __future__ import annotations
 
-import os
 import logging
+import os
 import queue
 import threading
 import time
