@@ -54,7 +54,7 @@ class FormatGate:
         """Prepare `fmt` on the calling thread (a size the caller knows in advance, or a one-off analysis)."""
         if fmt not in self._ready:
             self._prepare(fmt)
-            self._given_back()
+            self._trimmed()
             with self._lock:
                 self._ready.add(fmt)
 
@@ -69,12 +69,12 @@ class FormatGate:
                       fmt.width, fmt.height, fmt.order, type(exc).__name__, exc)
         else:
             log.info("%dx%d %s frames ready in %.1f s%s", fmt.width, fmt.height, fmt.order,
-                     time.monotonic() - started, self._given_back())
+                     time.monotonic() - started, self._trimmed())
         with self._lock:
             self._ready.add(fmt)
             self._preparing.discard(fmt)
 
-    def _given_back(self) -> str:
-        """Trim the heap (when asked to); a phrase for the log saying what went back."""
+    def _trimmed(self) -> str:
+        """Trim the heap (when asked to); a phrase for the log saying what went back ("" when not asked)."""
         released = trim_heap() if self._trim_heap else None
         return "" if released is None else f"; {released / 2**20:.0f} MB of freed heap given back"

@@ -595,10 +595,9 @@ def _cuda_lanes(ort: Any, graphs: FrameGraphs, inference: InferenceConfig, detec
     try:
         for index in range(inference.lanes):
             lanes.append(CudaFrameLane(graphs, cuda_session, inference.max_batch, inference.batch_step,
-                                       face_cap=inference.faces_per_run,
+                                       inference.face_step, face_cap=inference.faces_per_run,
                                        what=f"frame graphs lane {index}",
-                                       frame_cap=inference.max_frames_per_run, captured=inference.cuda_graphs,
-                                       face_step=inference.face_batch_step or inference.batch_step))
+                                       frame_cap=inference.max_frames_per_run, captured=inference.cuda_graphs))
     except BaseException:
         for lane in lanes:
             lane.close()

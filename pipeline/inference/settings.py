@@ -351,6 +351,11 @@ class InferenceConfig(StrictModel):
         return self.frame_path == "graph"
 
     @property
+    def face_step(self) -> int:
+        """face_batch_step with 0 resolved to batch_step's."""
+        return self.face_batch_step or self.batch_step
+
+    @property
     def faces_per_run(self) -> int:
         """max_faces_per_run with auto (0) resolved for this max_batch."""
         return self.max_faces_per_run or min(AUTO_FACES_MOST, AUTO_FACES_PER_FRAME * self.max_batch)

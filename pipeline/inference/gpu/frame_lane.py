@@ -95,17 +95,17 @@ class CudaFrameLane:
     """The two frame graphs on one CUDA stream, over one device batch buffer per frame format."""
 
     def __init__(self, graphs: GraphSource, session_factory: Callable[[bytes, int, bool], Any], max_batch: int,
-                 step: int, face_cap: int, what: str, frame_cap: int | None = None, captured: bool = False,
-                 face_step: int | None = None) -> None:
+                 step: int, face_step: int, face_cap: int, what: str, frame_cap: int | None = None,
+                 captured: bool = False) -> None:
         """`session_factory(graph, stream handle, captured)` makes one CUDA session on that stream, made for CUDA
         graph capture when `captured`. Frame runs are padded to powers of `step`, face runs to powers of
-        `face_step` (`step` when None)."""
+        `face_step`."""
         self.what = what
         self._captured = captured
         self._graphs = graphs
         self._session_factory = session_factory
         self._step = step
-        self._face_step = face_step or step
+        self._face_step = face_step
         self._face_cap = max(1, face_cap)
         self._frame_cap = max(1, min(frame_cap or max_batch, max_batch))
         self._rows = self._frame_cap  # the buffer's rows: a run pads to at most frame_cap (padded_size's cap)
