@@ -104,7 +104,8 @@ class OnnxRuntimeBackend(Backend):
         try:
             for index in range(spec.lanes):
                 lanes.append(CudaLane(cuda_session, input_name, outputs, spec.max_batch, spec.batch_step,
-                                      what=f"{model.name} lane {index}", smallest=SMALLEST_RUN[model.role]))
+                                      what=f"{model.name} lane {index}", smallest=SMALLEST_RUN[model.role],
+                                      session_per_size=spec.session_per_size))
         except BaseException:
             for lane in lanes:
                 lane.close()

@@ -48,9 +48,11 @@ class CudaLane:
     """
 
     def __init__(self, session_factory: Callable[[int], Any], input_name: str, output_names: list[str],
-                 max_batch: int, step: int = 4, what: str = "CUDA lane", smallest: int = 1) -> None:
+                 max_batch: int, step: int = 4, what: str = "CUDA lane", smallest: int = 1,
+                 session_per_size: bool = True) -> None:
         """`session_factory(stream_handle)` makes one ONNX Runtime CUDA session that runs on that stream; runs of
-        fewer than `smallest` items are padded up to it (SMALLEST_RUN)."""
+        fewer than `smallest` items are padded up to it (SMALLEST_RUN). `session_per_size` False: one session per
+        item shape serves every padded size (inference.session_per_size)."""
         self.what = what
         self._session_factory = session_factory
         self._input = input_name
@@ -58,6 +60,7 @@ class CudaLane:
         self._max_batch = max_batch
         self._step = step
         self._smallest = smallest
+        self._session_per_size = session_per_size
         self._lock = threading.Lock()
         # Per item shape (cameras of different aspect ratios give the detector different input sizes, see
         # detector.input_size: auto): (bucket, item shape) -> (session, io binding), and the shape's staging buffers.
@@ -67,10 +70,12 @@ class CudaLane:
 
     def _session_for(self, bucket: int, item_shape: tuple[int, ...], stream: Stream) -> tuple[Any, Any]:
         entry = self._sessions.get((bucket, item_shape))
+        if entry is None and not self._session_per_size:
+            entry = next((found for (_, shape), found in self._sessions.items() if shape == item_shape), None)
         if entry is None:
             session = self._session_factory(stream.handle)
             entry = (session, session.io_binding())
-            self._sessions[(bucket, item_shape)] = entry
+        self._sessions[(bucket, item_shape)] = entry
         return entry
 
     def staging(self, batch: int, item_shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
