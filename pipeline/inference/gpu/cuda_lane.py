@@ -108,8 +108,9 @@ class CudaLane:
         return padded_size(batch, self._step, self._max_batch, self._smallest)
 
     def warm(self, item_shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
-        """Run every bucket once, so no first-time shape is met while cameras are running."""
-        sizes = padded_sizes(self._step, self._max_batch, self._smallest)
+        """Run every bucket once, so no first-time shape is met while cameras are running; the largest first, so
+        the smaller runs fit in the regions it grew the shared arena by (CudaFrameLane.prepare)."""
+        sizes = padded_sizes(self._step, self._max_batch, self._smallest)[::-1]
         staging = self.staging(self._max_batch, item_shape, dtype)
         staging[...] = 0
         for size in sizes:

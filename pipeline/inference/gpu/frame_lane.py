@@ -180,16 +180,20 @@ class CudaFrameLane:
 
     def prepare(self, fmt: FrameFormat) -> None:
         """Create and run every session of this format (zeros in, results dropped): once, or, captured, as often as
-        ONNX Runtime needs to record the graph, so no camera's frame waits for a capture."""
+        ONNX Runtime needs to record the graph, so no camera's frame waits for a capture.
+
+        Largest runs first: the shared CUDA arena grows by exactly what a run asks for and never gives a region
+        back, so a small run first leaves regions too small for the next size's tensors, which then take new ones;
+        after the largest run, every smaller run fits inside the regions it freed."""
         with self._lock:
             state = self._state(fmt)
         zeros = np.zeros((fmt.height, fmt.width, 3), np.uint8)
         thresholds = {SCORE_THRESHOLD: np.array([0.5], np.float32), IOU_THRESHOLD: np.array([0.4], np.float32)}
         runs = CAPTURE_RUNS if self._captured else 1
-        for bucket in padded_sizes(self._step, self._frame_cap, SMALLEST_DETECT_RUN):
+        for bucket in reversed(padded_sizes(self._step, self._frame_cap, SMALLEST_DETECT_RUN)):
             for _ in range(runs):
                 self.detect([zeros] * bucket, fmt, thresholds)
-        for bucket in padded_sizes(self._face_step, self._face_cap, SMALLEST_CLASSIFY_RUN):
+        for bucket in reversed(padded_sizes(self._face_step, self._face_cap, SMALLEST_CLASSIFY_RUN)):
             matrices = np.tile(np.array([[1, 0, 0], [0, 1, 0]], np.float32), (bucket, 1, 1))
             for _ in range(runs):
                 self.classify(fmt, matrices, np.zeros(bucket, np.int64))
