@@ -3,7 +3,7 @@
 # models and the test clips for it, ../shared/tools/gpu-machine.md says how calls carry them). Usage there, from the
 # project root, once the stage is assembled:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | session-probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
 #  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | groups |
-#  groups-sweep | groups-ab | step-ab | fif-ab | graphs-ab | follow-ab | trim-ab | face-ab | sessions-ab | split-probe | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu |
+#  groups-sweep | groups-ab | step-ab | fif-ab | graphs-ab | follow-ab | trim-ab | face-ab | split-probe | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu |
 #  cuda-handles | stack | small)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
@@ -319,11 +319,6 @@ case "${1:-check}" in
   face-ab)  # issue 25 (GPU memory at 64 cameras): inference.face_batch_step 2 (face runs of 16, 32, 64, 128, 256: a
     # session each) against 4 (16, 64, 256), CAMS (64) cameras in groups of <= PER (32), as step-ab (_face$V_r$ROUND)
     alternated face "--set inference.face_batch_step=" "2 4"
-    ;;
-  sessions-ab)  # issue 25 (host and GPU memory): inference.session_per_size true (a CUDA session per padded run size
-    # of each frame graph and lane: 3 + 3 a lane) against false (one a graph: 1 + 1), CAMS (64) cameras in groups of
-    # <= PER (32), as step-ab otherwise (_sessions$V_r$ROUND)
-    alternated sessions "--set inference.session_per_size=" "true false"
     ;;
   interval-sweep)  # issue 25: the most cameras at detector.interval INTERVAL (3) with MODEL (the default), groups of
     # PER (32) cameras under MPS, each count of CAMS_LIST

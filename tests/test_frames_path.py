@@ -370,28 +370,24 @@ def test_on_cuda_frames_detected_in_parts(prepared_models: None, app_config: Any
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("face_step,per_size", [(0, True), (4, True), (4, False)])
+@pytest.mark.parametrize("face_step", [0, 4])
 def test_on_cuda_a_run_of_one_frame_is_padded_without_its_padding_leaking(
-        prepared_models: None, app_config: Any, perception: Perception, face_step: int, per_size: bool) -> None:
+        prepared_models: None, app_config: Any, perception: Perception, face_step: int) -> None:
     """Runs of fewer than SMALLEST_DETECT_RUN frames or SMALLEST_CLASSIFY_RUN faces have no session of their own
     (each costs GPU and host memory): they run padded, over rows that still hold the last batch's frames. One frame
     after a batch of five must give that frame's faces and emotions alone, as the OpenCV path reads them. Face runs
-    padded to powers of inference.face_batch_step (0: batch_step's) likewise; with inference.session_per_size false
-    one session of each graph serves every size, rebound to each run's shape."""
+    padded to powers of inference.face_batch_step (0: batch_step's) likewise."""
     from pipeline.inference.gpu.cuda_lane import padded_sizes
     from pipeline.inference.gpu.frame_lane import SMALLEST_CLASSIFY_RUN, SMALLEST_DETECT_RUN
 
     frames = _frames(data_path("video", "group_1080p.mp4"), 6, 11)
-    gpu = _prepared_gpu(app_config, frames[0], face_batch_step=face_step, session_per_size=per_size)
+    gpu = _prepared_gpu(app_config, frames[0], face_batch_step=face_step)
     try:
-        lane = gpu.engine._lanes[0]  # a test may look inside: the sizes the lane prepared, and their sessions
+        lane = gpu.engine._lanes[0]  # a test may look inside: the sizes the lane prepared
         state = next(iter(lane._formats.values()))
-        detect_sizes = padded_sizes(lane._step, lane._frame_cap, SMALLEST_DETECT_RUN)
-        classify_sizes = padded_sizes(face_step or lane._step, lane._face_cap, SMALLEST_CLASSIFY_RUN)
-        assert sorted(state.detect) == detect_sizes and sorted(state.classify) == classify_sizes
+        assert sorted(state.detect) == padded_sizes(lane._step, lane._frame_cap, SMALLEST_DETECT_RUN)
+        assert sorted(state.classify) == padded_sizes(face_step or lane._step, lane._face_cap, SMALLEST_CLASSIFY_RUN)
         assert min(state.detect) == SMALLEST_DETECT_RUN and min(state.classify) == SMALLEST_CLASSIFY_RUN
-        sessions = [len({id(entry[0]) for entry in found.values()}) for found in (state.detect, state.classify)]
-        assert sessions == ([len(detect_sizes), len(classify_sizes)] if per_size else [1, 1])
         gpu.engine.run_items(frames[:5])
         alone = gpu.engine.run_items(frames[5:])
     finally:

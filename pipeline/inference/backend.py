@@ -98,9 +98,6 @@ class InferenceSettings(Protocol):
     @property
     def memory_pattern(self) -> bool: ...
 
-    @property
-    def session_per_size(self) -> bool: ...
-
 
 @dataclass(frozen=True)
 class ModelRuntime:
@@ -124,7 +121,6 @@ class ModelRuntime:
     gpu_memory_limit_mb: int = 0
     cublas_workspace: str = ":16:8"
     memory_pattern: bool = True
-    session_per_size: bool = True
 
     @classmethod
     def from_config(cls, cfg: InferenceSettings, *, precision: str | None = None,
@@ -141,8 +137,7 @@ class ModelRuntime:
                    max_batch=cfg.max_batch, lanes=cfg.lanes, threads=cfg.threads, batch_step=cfg.batch_step,
                    input_size=size, options=options if isinstance(options, BaseModel) else None,
                    cudnn_max_workspace=cfg.cudnn_max_workspace, gpu_memory_limit_mb=cfg.gpu_memory_limit_mb,
-                   cublas_workspace=cfg.cublas_workspace, memory_pattern=cfg.memory_pattern,
-                   session_per_size=cfg.session_per_size)
+                   cublas_workspace=cfg.cublas_workspace, memory_pattern=cfg.memory_pattern)
 
 
 class Backend(ABC):

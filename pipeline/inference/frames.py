@@ -597,8 +597,7 @@ def _cuda_lanes(ort: Any, graphs: FrameGraphs, inference: InferenceConfig, detec
             lanes.append(CudaFrameLane(graphs, cuda_session, inference.max_batch, inference.batch_step,
                                        inference.face_step, face_cap=inference.faces_per_run,
                                        what=f"frame graphs lane {index}",
-                                       frame_cap=inference.max_frames_per_run, captured=inference.cuda_graphs,
-                                       session_per_size=inference.session_per_size))
+                                       frame_cap=inference.max_frames_per_run, captured=inference.cuda_graphs))
     except BaseException:
         for lane in lanes:
             lane.close()

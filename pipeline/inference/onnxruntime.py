@@ -104,8 +104,7 @@ class OnnxRuntimeBackend(Backend):
         try:
             for index in range(spec.lanes):
                 lanes.append(CudaLane(cuda_session, input_name, outputs, spec.max_batch, spec.batch_step,
-                                      what=f"{model.name} lane {index}", smallest=SMALLEST_RUN[model.role],
-                                      session_per_size=spec.session_per_size))
+                                      what=f"{model.name} lane {index}", smallest=SMALLEST_RUN[model.role]))
         except BaseException:
             for lane in lanes:
                 lane.close()

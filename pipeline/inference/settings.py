@@ -234,13 +234,6 @@ class InferenceConfig(StrictModel):
                                  "session of its own per lane; 0 = batch_step's. 4 (the default) prepares 16, 64 "
                                  "and 256 faces instead of 2's 16, 32, 64, 128 and 256: on an H100 40-60 MB less "
                                  "host memory a camera group, the same frames analysed (BENCHMARKS.md, round 20).")
-    session_per_size: bool = Field(True, description="device cuda (plain runs; with cuda_graphs every size is "
-                                   "captured in sessions of its own): true, each padded run size of a model or "
-                                   "frame graph has a CUDA session of its own per lane, as ONNX Runtime re-planned "
-                                   "for 1-3 s at a change of shape with its memory pattern on; false, one session "
-                                   "a model (or graph) and lane serves every size, its sizes still padded and "
-                                   "prepared: each session less saves ~75 MB of host and ~19 MB of GPU memory "
-                                   "(BENCHMARKS.md, round 21).")
     frame_path: Literal["auto", "opencv", "graph"] = Field(
         "auto", description="Where a frame's letterbox, the detector's candidate decoding and NMS, and the face "
         "crops run. opencv: on the host, in OpenCV and numpy, around the two models. graph: inside ONNX graphs "
@@ -426,16 +419,6 @@ class InferenceConfig(StrictModel):
             raise ConfigValueError("cuda_graphs replays the frame graphs on a GPU: it needs backend onnxruntime, "
                                    "device cuda and frame_path graph or auto", key="cuda_graphs",
                                    value=self.cuda_graphs)
-        return self
-
-    @model_validator(mode="after")
-    def _shared_sessions_are_not_captured(self) -> InferenceConfig:
-        """A CUDA graph replays one shape: captured sizes keep sessions of their own, so a session_per_size set
-        false beside cuda_graphs would silently do nothing."""
-        if self.cuda_graphs and not self.session_per_size and "session_per_size" in self.model_fields_set:
-            raise ConfigValueError("session_per_size false shares a session between run sizes, which cuda_graphs "
-                                   "captures one by one: set one of them", key="session_per_size",
-                                   value=self.session_per_size)
         return self
 
     @model_validator(mode="after")

@@ -202,7 +202,7 @@ def bench_memory(args: argparse.Namespace) -> dict[str, Any]:
             "cudnn_max_workspace": cfg.inference.cudnn_max_workspace,
             "cublas_workspace": os.environ.get("CUBLAS_WORKSPACE_CONFIG", ""),
             "memory_pattern": cfg.inference.memory_pattern, "gpu_stack_bytes": cfg.inference.gpu_stack_bytes,
-            "session_per_size": cfg.inference.session_per_size, "steps": steps.rows,
+            "steps": steps.rows,
             "project_buffers": {key: (round(value / 2**20, 1) if key.endswith("bytes") else value)
                                 for key, value in ledger.items()},
             "frame_pools": pools}
@@ -212,8 +212,7 @@ def print_memory_table(result: dict[str, Any]) -> None:
     print(f"{result['cameras']} cameras of {result['video']} on {result['device']} ({result['frame_path']} path, "
           f"max_batch {result['max_batch']}, batch_step {result['batch_step']}, interval {result['interval']}, "
           f"{result['emotion_model']} {result['precision']}, cudnn_max_workspace {result['cudnn_max_workspace']}, "
-          f"cuBLAS workspace {result['cublas_workspace'] or 'default'}, memory pattern {result['memory_pattern']}, "
-          f"a session per size {result.get('session_per_size', True)})")
+          f"cuBLAS workspace {result['cublas_workspace'] or 'default'}, memory pattern {result['memory_pattern']})")
     print(f"{'step':18} {'GPU MB':>8} {'+GPU':>8} {'RSS MB':>8} {'+RSS':>8} {'anon MB':>8} {'shmem MB':>8}  note")
     for row in result["steps"]:
         gpu = "-" if row["gpu_mb"] is None else f"{row['gpu_mb']:.0f}"

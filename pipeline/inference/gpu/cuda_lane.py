@@ -39,7 +39,8 @@ class CudaLane:
     """One stream, with pinned/device buffers for `max_batch` items and one session per padded batch size.
 
     Measured on the H200 (onnxruntime-gpu 1.31.1): every change of input shape between two runs of one CUDA session
-    costs 1.2-1.7 s, even for shapes it has run before, while repeated runs of one shape take ~1 ms. A dynamic
+    costs 1.2-1.7 s, even for shapes it has run before (0.8-1.7 s without its memory pattern, round 21 of
+    BENCHMARKS.md), while repeated runs of one shape take ~1 ms. A dynamic
     batcher changes shape constantly, so each lane keeps one session per bucket size (`bucket`), and each session
     only ever sees its own shape. The sessions are small (the models are a few MB) and share the lane's stream.
 
@@ -48,11 +49,9 @@ class CudaLane:
     """
 
     def __init__(self, session_factory: Callable[[int], Any], input_name: str, output_names: list[str],
-                 max_batch: int, step: int = 4, what: str = "CUDA lane", smallest: int = 1,
-                 session_per_size: bool = True) -> None:
+                 max_batch: int, step: int = 4, what: str = "CUDA lane", smallest: int = 1) -> None:
         """`session_factory(stream_handle)` makes one ONNX Runtime CUDA session that runs on that stream; runs of
-        fewer than `smallest` items are padded up to it (SMALLEST_RUN). `session_per_size` False: one session per
-        item shape serves every padded size (inference.session_per_size)."""
+        fewer than `smallest` items are padded up to it (SMALLEST_RUN)."""
         self.what = what
         self._session_factory = session_factory
         self._input = input_name
@@ -60,7 +59,6 @@ class CudaLane:
         self._max_batch = max_batch
         self._step = step
         self._smallest = smallest
-        self._session_per_size = session_per_size
         self._lock = threading.Lock()
         # Per item shape (cameras of different aspect ratios give the detector different input sizes, see
         # detector.input_size: auto): (bucket, item shape) -> (session, io binding), and the shape's staging buffers.
@@ -70,12 +68,10 @@ class CudaLane:
 
     def _session_for(self, bucket: int, item_shape: tuple[int, ...], stream: Stream) -> tuple[Any, Any]:
         entry = self._sessions.get((bucket, item_shape))
-        if entry is None and not self._session_per_size:
-            entry = next((found for (_, shape), found in self._sessions.items() if shape == item_shape), None)
         if entry is None:
             session = self._session_factory(stream.handle)
             entry = (session, session.io_binding())
-        self._sessions[(bucket, item_shape)] = entry
+            self._sessions[(bucket, item_shape)] = entry
         return entry
 
     def staging(self, batch: int, item_shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:

@@ -8,9 +8,9 @@ thresholds, the crop matrices and the frame index of each face go up, and only f
 
 Like CudaLane, each graph has one session per padded size (frames: powers of `step` from SMALLEST_DETECT_RUN up to
 `frame_cap`; faces: from SMALLEST_CLASSIFY_RUN up to `face_cap`), because ONNX Runtime's CUDA provider re-plans for
-seconds on any new input shape (with its memory pattern on; inference.session_per_size false serves every size of a
-graph from one session, its sizes still padded and prepared). The smallest sizes are not prepared: every CUDA
-session costs ~19 MB of GPU and ~75 MB of host memory, most of the latter cuDNN's choice of convolution
+seconds on any new input shape (with or without its memory pattern: one session serving every size analysed 178
+frames where a session per size analysed 6,669; BENCHMARKS.md, round 21). The smallest sizes are not prepared:
+every CUDA session costs ~19 MB of GPU and ~75 MB of host memory, most of the latter cuDNN's choice of convolution
 algorithms, which each session keeps (BENCHMARKS.md round 14), while a padded run of a few frames or faces takes
 the GPU hardly longer than an exact one (the detector network alone, round 4's probe: 2.0 ms for 4 frames against
 1.75 for one). One
@@ -93,24 +93,17 @@ class _FormatState:
         self.frames.close()
 
 
-def _distinct_sessions(plain: dict[int, tuple[Any, Any]], captured: dict[int, Any]) -> int:
-    """How many sessions serve a graph's sizes (sizes may share one: inference.session_per_size)."""
-    return len({id(session) for session, _ in plain.values()}) + len(captured)
-
-
 class CudaFrameLane:
     """The two frame graphs on one CUDA stream, over one device batch buffer per frame format."""
 
     def __init__(self, graphs: GraphSource, session_factory: Callable[[bytes, int, bool], Any], max_batch: int,
                  step: int, face_step: int, face_cap: int, what: str, frame_cap: int | None = None,
-                 captured: bool = False, session_per_size: bool = True) -> None:
+                 captured: bool = False) -> None:
         """`session_factory(graph, stream handle, captured)` makes one CUDA session on that stream, made for CUDA
         graph capture when `captured`. Frame runs are padded to powers of `step`, face runs to powers of
-        `face_step`; each padded size runs in a session of its own, or (`session_per_size` False, plain runs only)
-        every size of a graph in one session (inference.session_per_size)."""
+        `face_step`."""
         self.what = what
         self._captured = captured
-        self._session_per_size = session_per_size
         self._graphs = graphs
         self._session_factory = session_factory
         self._step = step
@@ -136,29 +129,19 @@ class CudaFrameLane:
         return state
 
     def _detect_session(self, fmt: FrameFormat, state: _FormatState, bucket: int) -> tuple[Any, Any]:
-        entry = state.detect.get(bucket) or self._shared(state.detect)
+        entry = state.detect.get(bucket)
         if entry is None:
             session = self._session_factory(self._graphs.detector(fmt), self._live_stream().handle, False)
-            entry = (session, session.io_binding())
-        state.detect[bucket] = entry
+            entry = state.detect[bucket] = (session, session.io_binding())
         return entry
 
     def _classify_session(self, fmt: FrameFormat, state: _FormatState, bucket: int) -> tuple[Any, Any]:
-        entry = state.classify.get(bucket) or self._shared(state.classify)
+        entry = state.classify.get(bucket)
         if entry is None:
             session = self._session_factory(self._graphs.classifier(fmt), self._live_stream().handle, False)
             state.classify_output = session.get_outputs()[0].name
-            entry = (session, session.io_binding())
-        state.classify[bucket] = entry
+            entry = state.classify[bucket] = (session, session.io_binding())
         return entry
-
-    def _shared(self, sessions: dict[int, tuple[Any, Any]]) -> tuple[Any, Any] | None:
-        """The session (and I/O binding, rebound at every run) that serves every size of a graph when sizes share
-        one; None when each size has its own, or none was made yet. The sizes stay keys of their own, so what was
-        prepared is still known by size."""
-        if self._session_per_size or not sessions:
-            return None
-        return next(iter(sessions.values()))
 
     def _captured_detect(self, fmt: FrameFormat, state: _FormatState, bucket: int) -> CapturedDetect:
         runner = state.captured_detect.get(bucket)
@@ -184,7 +167,8 @@ class CudaFrameLane:
 
         Largest runs first: the shared CUDA arena grows by exactly what a run asks for and never gives a region
         back, so a small run first leaves regions too small for the next size's tensors, which then take new ones;
-        after the largest run, every smaller run fits inside the regions it freed."""
+        after the largest run, every smaller run fits inside the regions it freed (124 MiB less GPU memory a camera
+        group on an H100, the same frames analysed: BENCHMARKS.md, round 21)."""
         with self._lock:
             state = self._state(fmt)
         zeros = np.zeros((fmt.height, fmt.width, 3), np.uint8)
@@ -197,13 +181,9 @@ class CudaFrameLane:
             matrices = np.tile(np.array([[1, 0, 0], [0, 1, 0]], np.float32), (bucket, 1, 1))
             for _ in range(runs):
                 self.classify(fmt, matrices, np.zeros(bucket, np.int64))
-        detect_sessions = _distinct_sessions(state.detect, state.captured_detect)
-        classify_sessions = _distinct_sessions(state.classify, state.captured_classify)
-        log.info("%s: %dx%d %s ready (%d + %d sizes in %d + %d sessions%s)", self.what, fmt.width, fmt.height,
-                 fmt.order, len(state.detect) + len(state.captured_detect),
-                 len(state.classify) + len(state.captured_classify), detect_sessions, classify_sessions,
+        log.info("%s: %dx%d %s ready (%d + %d sizes%s)", self.what, fmt.width, fmt.height, fmt.order,
+                 len(state.detect) + len(state.captured_detect), len(state.classify) + len(state.captured_classify),
                  ", captured as CUDA graphs" if self._captured else "")
-
 
     def detect(self, items: Sequence[FrameImage], fmt: FrameFormat, thresholds: dict[str, np.ndarray],
                rows: int | None = None) -> dict[str, np.ndarray]:
