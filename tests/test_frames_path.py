@@ -388,6 +388,9 @@ def test_on_cuda_a_run_of_one_frame_is_padded_without_its_padding_leaking(
         assert sorted(state.detect) == padded_sizes(lane._step, lane._frame_cap, SMALLEST_DETECT_RUN)
         assert sorted(state.classify) == padded_sizes(face_step or lane._step, lane._face_cap, SMALLEST_CLASSIFY_RUN)
         assert min(state.detect) == SMALLEST_DETECT_RUN and min(state.classify) == SMALLEST_CLASSIFY_RUN
+        # made (and run) largest first, so the smaller runs fit in the regions the largest grew the shared arena by
+        assert list(state.detect) == sorted(state.detect, reverse=True)
+        assert list(state.classify) == sorted(state.classify, reverse=True)
         gpu.engine.run_items(frames[:5])
         alone = gpu.engine.run_items(frames[5:])
     finally:

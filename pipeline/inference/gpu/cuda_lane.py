@@ -105,7 +105,8 @@ class CudaLane:
 
     def warm(self, item_shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
         """Run every bucket once, so no first-time shape is met while cameras are running; the largest first, so
-        the smaller runs fit in the regions it grew the shared arena by (CudaFrameLane.prepare)."""
+        the smaller runs fit in the regions it grew the shared arena by (as CudaFrameLane.prepare, where it was
+        measured)."""
         sizes = padded_sizes(self._step, self._max_batch, self._smallest)[::-1]
         staging = self.staging(self._max_batch, item_shape, dtype)
         staging[...] = 0

@@ -8,15 +8,14 @@ thresholds, the crop matrices and the frame index of each face go up, and only f
 
 Like CudaLane, each graph has one session per padded size (frames: powers of `step` from SMALLEST_DETECT_RUN up to
 `frame_cap`; faces: from SMALLEST_CLASSIFY_RUN up to `face_cap`), because ONNX Runtime's CUDA provider re-plans for
-seconds on any new input shape (with or without its memory pattern: one session serving every size analysed 178
-frames where a session per size analysed 6,669; BENCHMARKS.md, round 21). The smallest sizes are not prepared:
-every CUDA session costs ~19 MB of GPU and ~75 MB of host memory, most of the latter cuDNN's choice of convolution
-algorithms, which each session keeps (BENCHMARKS.md round 14), while a padded run of a few frames or faces takes
-the GPU hardly longer than an exact one (the detector network alone, round 4's probe: 2.0 ms for 4 frames against
-1.75 for one). One
-detect() takes at most `frame_cap` frames (inference.max_frames_per_run): the largest run sets the detector's share of
-the memory arena (a run of 64 1080p frames holds them as float16 once, 0.8 GB, before the first halving), and the
-buffer's rows. The classifier graph is always bound to the whole buffer, so its only varying shape is the face count.
+seconds on any new input shape (with or without its memory pattern: 32 cameras served by one session a graph
+analysed 178 frames in 8 s, with a session per size 6,669; BENCHMARKS.md, round 21). The smallest sizes are not
+prepared: every CUDA session costs ~19 MB of GPU and ~75 MB of host memory, most of the latter cuDNN's choice of
+convolution algorithms, which each session keeps (BENCHMARKS.md round 14), while a padded run of a few frames or
+faces takes the GPU hardly longer than an exact one (the detector network alone, round 4's probe: 2.0 ms for 4
+frames against 1.75 for one). One detect() takes at most `frame_cap` frames (inference.max_frames_per_run): the
+largest run sets the detector's share of the memory arena (a run of 64 1080p frames holds them as float16 once, 0.8
+GB, before the first halving), and the buffer's rows. The classifier graph is always bound to the whole buffer, so its only varying shape is the face count.
 
 With `captured` (inference.cuda_graphs) each padded size's runs are replayed as CUDA graphs (gpu/captured.py):
 the detector as a captured body and a plain tail, the classifier whole; each keeps device buffers for its inputs and
