@@ -15,7 +15,8 @@ convolution algorithms, which each session keeps (BENCHMARKS.md round 14), while
 faces takes the GPU hardly longer than an exact one (the detector network alone, round 4's probe: 2.0 ms for 4
 frames against 1.75 for one). One detect() takes at most `frame_cap` frames (inference.max_frames_per_run): the
 largest run sets the detector's share of the memory arena (a run of 64 1080p frames holds them as float16 once, 0.8
-GB, before the first halving), and the buffer's rows. The classifier graph is always bound to the whole buffer, so its only varying shape is the face count.
+GB, before the first halving), and the buffer's rows. The classifier graph is always bound to the whole buffer, so
+its only varying shape is the face count.
 
 With `captured` (inference.cuda_graphs) each padded size's runs are replayed as CUDA graphs (gpu/captured.py):
 the detector as a captured body and a plain tail, the classifier whole; each keeps device buffers for its inputs and
