@@ -379,9 +379,10 @@ def test_the_smallest_runs_are_padded_up_instead_of_prepared(step: int, cap: int
     """Every prepared size is a CUDA session (GPU memory, and host memory for cuDNN's algorithm choices), so runs of
     a few frames or faces are padded up to `smallest` rather than given sessions of their own; a run still fits its
     size, and no size passes the cap."""
-    from pipeline.inference.gpu.cuda_lane import padded_size, padded_sizes
+    from pipeline.inference.gpu.cuda_lane import padded_size, padded_sizes, preparation_order
 
     assert padded_sizes(step, cap, smallest) == expected
+    assert preparation_order(step, cap, smallest) == expected[::-1]  # largest first, for the shared arena
     for count in range(1, cap + 1):
         size = padded_size(count, step, cap, smallest)
         assert count <= size <= cap and size in expected

@@ -104,10 +104,9 @@ class CudaLane:
         return padded_size(batch, self._step, self._max_batch, self._smallest)
 
     def warm(self, item_shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
-        """Run every bucket once, so no first-time shape is met while cameras are running; the largest first, so
-        the smaller runs fit in the regions it grew the shared arena by (as CudaFrameLane.prepare, where it was
-        measured)."""
-        sizes = padded_sizes(self._step, self._max_batch, self._smallest)[::-1]
+        """Run every bucket once (largest first: preparation_order), so no first-time shape is met while cameras
+        are running."""
+        sizes = preparation_order(self._step, self._max_batch, self._smallest)
         staging = self.staging(self._max_batch, item_shape, dtype)
         staging[...] = 0
         for size in sizes:
@@ -170,3 +169,11 @@ def padded_size(batch: int, step: int, max_batch: int, smallest: int = 1) -> int
 def padded_sizes(step: int, max_batch: int, smallest: int = 1) -> list[int]:
     """Every size padded_size gives for 1..max_batch items: the sessions a lane prepares."""
     return sorted({padded_size(n, step, max_batch, smallest) for n in range(1, max_batch + 1)})
+
+
+def preparation_order(step: int, max_batch: int, smallest: int = 1) -> list[int]:
+    """padded_sizes in the order a lane prepares them: largest first. The shared CUDA arena grows by exactly what a
+    run asks for and never gives a region back, so a small run first leaves regions too small for the next size's
+    tensors, which then take new ones; after the largest run, every smaller run fits inside the regions it freed
+    (124 MiB less GPU memory a camera group on an H100, the same frames analysed: BENCHMARKS.md, round 21)."""
+    return padded_sizes(step, max_batch, smallest)[::-1]

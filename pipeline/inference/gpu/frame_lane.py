@@ -41,7 +41,12 @@ from pipeline.inference.backend import BackendError
 from pipeline.inference.gpu.captured import CAPTURE_RUNS, CapturedClassify, CapturedDetect
 from pipeline.inference.gpu.cuda import DeviceBuffer, Stream, relax_capture_mode
 from pipeline.inference.frame_faces import no_face_rows
-from pipeline.inference.gpu.cuda_lane import SMALLEST_CLASSIFY_RUN, SMALLEST_DETECT_RUN, padded_size, padded_sizes
+from pipeline.inference.gpu.cuda_lane import (
+    SMALLEST_CLASSIFY_RUN,
+    SMALLEST_DETECT_RUN,
+    padded_size,
+    preparation_order,
+)
 from pipeline.modelprep.follow_graphs import SCORE_OUTPUT, TEMPLATE_INPUT
 from pipeline.modelprep.frame_graphs import (
     FACE_OUTPUTS,
@@ -163,21 +168,17 @@ class CudaFrameLane:
 
     def prepare(self, fmt: FrameFormat) -> None:
         """Create and run every session of this format (zeros in, results dropped): once, or, captured, as often as
-        ONNX Runtime needs to record the graph, so no camera's frame waits for a capture.
-
-        Largest runs first: the shared CUDA arena grows by exactly what a run asks for and never gives a region
-        back, so a small run first leaves regions too small for the next size's tensors, which then take new ones;
-        after the largest run, every smaller run fits inside the regions it freed (124 MiB less GPU memory a camera
-        group on an H100, the same frames analysed: BENCHMARKS.md, round 21)."""
+        ONNX Runtime needs to record the graph, so no camera's frame waits for a capture. Largest runs first
+        (cuda_lane.preparation_order: the smaller ones then fit in the shared arena's regions)."""
         with self._lock:
             state = self._state(fmt)
         zeros = np.zeros((fmt.height, fmt.width, 3), np.uint8)
         thresholds = {SCORE_THRESHOLD: np.array([0.5], np.float32), IOU_THRESHOLD: np.array([0.4], np.float32)}
         runs = CAPTURE_RUNS if self._captured else 1
-        for bucket in reversed(padded_sizes(self._step, self._frame_cap, SMALLEST_DETECT_RUN)):
+        for bucket in preparation_order(self._step, self._frame_cap, SMALLEST_DETECT_RUN):
             for _ in range(runs):
                 self.detect([zeros] * bucket, fmt, thresholds)
-        for bucket in reversed(padded_sizes(self._face_step, self._face_cap, SMALLEST_CLASSIFY_RUN)):
+        for bucket in preparation_order(self._face_step, self._face_cap, SMALLEST_CLASSIFY_RUN):
             matrices = np.tile(np.array([[1, 0, 0], [0, 1, 0]], np.float32), (bucket, 1, 1))
             for _ in range(runs):
                 self.classify(fmt, matrices, np.zeros(bucket, np.int64))
