@@ -91,14 +91,16 @@ class Steps:
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
 
-    def mark(self, step: str, gpu_mb: float | None = None, note: str = "") -> None:
+    def mark(self, step: str, gpu_mb: float | None = None, note: str = "", peak: bool = False) -> None:
+        """Read the GPU (or take `gpu_mb`, a peak read meanwhile) and this process; `peak`: the project's own GPU
+        buffers at their largest so far, to set against a peak reading."""
         gpu = device_used_mb() if gpu_mb is None else gpu_mb
         host = host_memory_mb([])
         rss = host["rss_mb"]
         last = self.rows[-1] if self.rows else None
         self.rows.append({
             "step": step, "gpu_mb": gpu, "rss_mb": rss, "anon_mb": host["anon_mb"], "shmem_mb": host["shmem_mb"],
-            "note": note, "by_mapping_mb": resident_by_mapping(),
+            "note": note, "by_mapping_mb": resident_by_mapping(), "ours_mib": ours_on_gpu(peak=peak),
             "gpu_delta_mb": None if gpu is None or last is None or last["gpu_mb"] is None else gpu - last["gpu_mb"],
             "rss_delta_mb": None if last is None else round(rss - last["rss_mb"], 1)})
 
@@ -120,6 +122,16 @@ def _frame_pools(cameras: int) -> dict[str, float]:
             "peak_buffers": pools["peak_buffers"], "peak_mib": round(pools["peak_bytes"] / 2**20, 1),
             "buffers_per_camera": round(pools["buffers"] / per, 2),
             "peak_buffers_per_camera": round(pools["peak_buffers"] / per, 2)}
+
+
+def ours_on_gpu(peak: bool = False) -> dict[str, float]:
+    """The project's own GPU buffers (MiB) now, or at their largest with `peak`: the NVDEC frame pools and the lanes'
+    batch buffers (the ledger of pipeline.inference.gpu.cuda). What a step adds on the GPU beyond these is the
+    libraries' (ONNX Runtime's arena, cuDNN and cuBLAS, NVDEC's own surfaces, CUDA's per-thread state)."""
+    pools = frame_pool_allocations()
+    pool_bytes = pools["peak_bytes"] if peak else pools["bytes"]
+    lanes = _ledger().get("device_bytes", 0)
+    return {"frame_pools": round(pool_bytes / 2**20, 1), "lane_buffers": round(lanes / 2**20, 1)}
 
 
 def _cuda_context(device: str) -> str:
@@ -186,7 +198,8 @@ def bench_memory(args: argparse.Namespace) -> dict[str, Any]:
             worker.start()
         peak = _peak_while(args.duration)
         analysed = sum(worker.stats.analysed.total for worker in workers)
-        steps.mark("analysing (peak)", gpu_mb=peak, note=f"{analysed} frames analysed in {args.duration:.0f} s")
+        steps.mark("analysing (peak)", gpu_mb=peak, note=f"{analysed} frames analysed in {args.duration:.0f} s",
+                   peak=True)
         _trim(steps, cfg.inference.trim_heap_s)
         ledger = _ledger()
         pools = _frame_pools(len(captures))
@@ -221,6 +234,7 @@ def print_memory_table(result: dict[str, Any]) -> None:
         print(f"{row['step']:18} {gpu:>8} {gpu_delta:>8} {row['rss_mb']:>8.0f} {rss_delta:>8} {row['anon_mb']:>8.0f} "
               f"{row['shmem_mb']:>8.0f}  {row['note']}")
     _print_mapping_table(result["steps"])
+    _print_gpu_split(result["steps"])
     if result["project_buffers"]:
         print("the project's own CUDA buffers (MB, count): " + ", ".join(
             f"{key} {value}" for key, value in result["project_buffers"].items()))
@@ -243,3 +257,20 @@ def _print_mapping_table(rows: list[dict[str, Any]]) -> None:
                  for kind in MAPPING_KINDS]
         print(f"  {row['step']:18} " + "  ".join(f"{cell:>14}" for cell in cells))
         last = now
+
+
+def _print_gpu_split(rows: list[dict[str, Any]]) -> None:
+    """Each step's GPU growth split into the project's own buffers (frame pools, lane buffers) and the libraries'."""
+    if not rows or rows[0].get("gpu_mb") is None or "ours_mib" not in rows[0]:
+        return
+    print("GPU MiB a step adds: the frame pools, the lanes' buffers, the rest (libraries: arena, cuDNN, NVDEC, CUDA)")
+    last = rows[0]
+    for row in rows[1:]:
+        if row["gpu_mb"] is None or last["gpu_mb"] is None:
+            continue
+        pools = row["ours_mib"]["frame_pools"] - last["ours_mib"]["frame_pools"]
+        lanes = row["ours_mib"]["lane_buffers"] - last["ours_mib"]["lane_buffers"]
+        rest = row["gpu_mb"] - last["gpu_mb"] - pools - lanes
+        print(f"  {row['step']:18} {pools:+8.0f} {lanes:+8.0f} {rest:+8.0f}")
+        last = row
+
