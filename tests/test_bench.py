@@ -112,6 +112,23 @@ def test_bench_memory_steps_add_up_on_the_cpu(tmp_path: Path) -> None:
     assert all(s["ours_mib"] == {"frame_pools": 0.0, "lane_buffers": 0.0} for s in steps), steps
 
 
+def test_bench_memory_reads_what_onnx_runtimes_arenas_grew_by(tmp_path: Path) -> None:
+    """--arena-log: ONNX Runtime's own log of its arenas, split by step. On the CPU the sessions' CPU arena grows when
+    the models are first run; the daemon's quiet stderr comes back afterwards (the CLI's own lines still print)."""
+    video = data_path("video", "woman2.mp4")
+    out, log = tmp_path / "memory.json", tmp_path / "ort.log"
+    done = run_cli("bench", "memory", "--video", str(video), "--cameras", "1", "--fps", "10", "--duration", "1",
+                   "--settle-s", "0.5", "--log-level", "warning", "--json", str(out), "--arena-log", str(log),
+                   timeout=240)
+    assert done.returncode == 0, done.stderr
+    steps = {s["step"]: s for s in json.loads(out.read_text())["steps"]}
+    warmed = steps["models warmed"]["arena"]["Cpu"]
+    assert warmed["extensions"] >= 1 and warmed["extended_mib"] > 0 and warmed["largest_requests_mib"]
+    assert "Extended allocation by" in log.read_text()
+    assert "ONNX Runtime's arenas grown" in done.stdout
+    assert "Extended allocation" not in done.stderr  # ONNX Runtime's INFO lines stayed in the file
+
+
 @pytest.mark.parametrize("mode_args", [["capture", "--seconds", "1"]])
 def test_plot_that_cannot_be_written_keeps_the_json(tmp_path: Path, mode_args: list[str]) -> None:
     """The figures are saved before the plot is drawn; a bad plot path is a clear error, exit 2."""

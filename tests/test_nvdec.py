@@ -303,7 +303,9 @@ def test_frame_pools_count_what_they_hold_on_the_gpu() -> None:
     now = frame_pool_allocations()
     assert now["buffers"] - before["buffers"] == 3 and now["bytes"] - before["bytes"] == 3000
     assert now["peak_buffers"] >= before["buffers"] + 3
+    assert now["in_use"] - before["in_use"] == 3 and now["peak_in_use"] >= before["in_use"] + 3
     pool.release(held.pop())
+    assert frame_pool_allocations()["in_use"] - before["in_use"] == 2  # idle now, still allocated
     pool.close()  # the idle buffer is freed now, the two still held when they come back
     assert frame_pool_allocations()["buffers"] - before["buffers"] == 2
     runtime.fail_free = True
@@ -312,6 +314,7 @@ def test_frame_pools_count_what_they_hold_on_the_gpu() -> None:
     pool.release(held.pop())
     after = frame_pool_allocations()
     assert after["buffers"] - before["buffers"] == 1 and after["bytes"] - before["bytes"] == 1000
+    assert after["in_use"] == before["in_use"]  # every image gone (the failed free's buffer too)
     assert len(runtime.live) == 1
 
 

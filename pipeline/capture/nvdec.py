@@ -50,14 +50,24 @@ GPU_REQUIREMENTS = "pip install -r requirements-gpu.txt"
 PEEK_PACKETS = 8  # enough for a B-frame reorder to show in the presentation times
 
 _pools_lock = threading.Lock()
-_pools = {"buffers": 0, "bytes": 0, "peak_buffers": 0, "peak_bytes": 0}  # every DevicePool of this process
+# every DevicePool of this process: buffers allocated (in use or idle), and of them in use (an image holds it)
+_pools = {"buffers": 0, "bytes": 0, "peak_buffers": 0, "peak_bytes": 0, "in_use": 0, "peak_in_use": 0}
 
 
 def frame_pool_allocations() -> dict[str, int]:
     """GPU frame buffers that every NVDEC source's pool holds in this process (in use or idle), now and at most:
-    `bench memory` tells them apart from NVDEC's own surfaces, which are allocated inside PyNvVideoCodec."""
+    `bench memory` tells them apart from NVDEC's own surfaces, which are allocated inside PyNvVideoCodec. `in_use`
+    and `peak_in_use` count those an image held at once, across all pools: the most the cameras needed together,
+    against the sum of what each pool grew to."""
     with _pools_lock:
         return dict(_pools)
+
+
+def _account_in_use(change: int) -> None:
+    """A pool's buffer handed to an image (+1) or back from one (-1)."""
+    with _pools_lock:
+        _pools["in_use"] += change
+        _pools["peak_in_use"] = max(_pools["peak_in_use"], _pools["in_use"])
 
 
 def _account_pool_buffer(nbytes: int) -> None:
@@ -342,6 +352,7 @@ class DevicePool:
             if self._closed:
                 raise SourceError(f"{self.label}: the frame pool is closed")
             if self._free:
+                _account_in_use(1)
                 return self._free.pop()[0]
             if self._count >= self.MAX_BUFFERS:
                 raise SourceError(f"{self.label}: all {self.MAX_BUFFERS} GPU frame buffers are still held "
@@ -355,6 +366,7 @@ class DevicePool:
                 self._count -= 1
             raise
         _account_pool_buffer(self.nbytes)
+        _account_in_use(1)
         return buffer
 
     def copy(self, dst: int, src: int) -> None:
@@ -373,6 +385,7 @@ class DevicePool:
 
     def release(self, buffer: int) -> None:
         """Take a buffer back (an image was dropped); after close() it is freed instead."""
+        _account_in_use(-1)
         with self._lock:
             if not self._closed:
                 self._free.append((buffer, self._clock()))

@@ -115,6 +115,9 @@ def add_bench_args(parser: argparse.ArgumentParser, parents: list[argparse.Argum
     add_pipeline_args(memory)
     memory.add_argument("--settle-s", type=float, default=5.0,
                         help="seconds the cameras decode before the reading 'cameras decoding' (default 5)")
+    memory.add_argument("--arena-log", type=Path, default=None, metavar="FILE",
+                        help="write ONNX Runtime's log (at INFO; the process's stderr goes there meanwhile) into FILE "
+                             "and add to each step what its memory arenas grew by, and for which requests")
     for action in [*modes.choices["interval"]._actions, *memory._actions]:
         if action.help is None and action.dest in COMMON_HELP:
             action.metavar, action.help = COMMON_HELP[action.dest]

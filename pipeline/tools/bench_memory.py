@@ -39,6 +39,7 @@ from pipeline.inference.perception import load_perception
 from pipeline.service.parts import limit_opencv_threads, new_tracker, prepare_gpu
 from pipeline.service.worker import CameraWorker
 from pipeline.tools.bench_groups import host_memory_mb
+from pipeline.tools.arena_log import ArenaLog, attach_arena_growth
 from pipeline.tools.bench_pipeline import bench_config, decoder_kind, parse_intervals, video_format
 
 SAMPLE_S = 0.5
@@ -86,10 +87,11 @@ def device_used_mb() -> float | None:
 
 
 class Steps:
-    """The readings after each step, and their differences."""
+    """The readings after each step, and their differences; with `arena_log`, where its log stood at each."""
 
-    def __init__(self) -> None:
+    def __init__(self, arena_log: ArenaLog | None = None) -> None:
         self.rows: list[dict[str, Any]] = []
+        self.arena_log = arena_log
 
     def mark(self, step: str, gpu_mb: float | None = None, note: str = "", peak: bool = False) -> None:
         """Read the GPU (or take `gpu_mb`, a peak read meanwhile) and this process; `peak`: the project's own GPU
@@ -103,6 +105,8 @@ class Steps:
             "note": note, "by_mapping_mb": resident_by_mapping(), "ours_mib": ours_on_gpu(peak=peak),
             "gpu_delta_mb": None if gpu is None or last is None or last["gpu_mb"] is None else gpu - last["gpu_mb"],
             "rss_delta_mb": None if last is None else round(rss - last["rss_mb"], 1)})
+        if self.arena_log is not None:
+            self.rows[-1]["log_offset"] = self.arena_log.offset()
 
 
 def _ledger() -> dict[str, int]:
@@ -121,7 +125,8 @@ def _frame_pools(cameras: int) -> dict[str, float]:
     return {"buffers": pools["buffers"], "mib": round(pools["bytes"] / 2**20, 1),
             "peak_buffers": pools["peak_buffers"], "peak_mib": round(pools["peak_bytes"] / 2**20, 1),
             "buffers_per_camera": round(pools["buffers"] / per, 2),
-            "peak_buffers_per_camera": round(pools["peak_buffers"] / per, 2)}
+            "peak_buffers_per_camera": round(pools["peak_buffers"] / per, 2),
+            "peak_in_use": pools["peak_in_use"], "peak_in_use_per_camera": round(pools["peak_in_use"] / per, 2)}
 
 
 def ours_on_gpu(peak: bool = False) -> dict[str, float]:
@@ -164,9 +169,21 @@ def _trim(steps: Steps, period_s: float) -> None:
 
 
 def bench_memory(args: argparse.Namespace) -> dict[str, Any]:
+    """The readings step by step; with `--arena-log FILE`, also what ONNX Runtime's arenas added at each step."""
+    arena_log = ArenaLog(args.arena_log) if args.arena_log else None
+    try:
+        result = _measure(args, Steps(arena_log))
+    finally:
+        if arena_log is not None:
+            arena_log.close()
+    if arena_log is not None:
+        attach_arena_growth(result["steps"], arena_log.path)
+    return result
+
+
+def _measure(args: argparse.Namespace, steps: Steps) -> dict[str, Any]:
     interval = parse_intervals(args.interval)[0]
     cfg = bench_config(args, naive=False, interval=interval)
-    steps = Steps()
     steps.mark("start")
     prepare_gpu(cfg)  # as the daemon does, before the context is made
     steps.mark("CUDA context", note=_cuda_context(cfg.inference.device))
@@ -235,6 +252,7 @@ def print_memory_table(result: dict[str, Any]) -> None:
               f"{row['shmem_mb']:>8.0f}  {row['note']}")
     _print_mapping_table(result["steps"])
     _print_gpu_split(result["steps"])
+    _print_arena_growth(result["steps"])
     if result["project_buffers"]:
         print("the project's own CUDA buffers (MB, count): " + ", ".join(
             f"{key} {value}" for key, value in result["project_buffers"].items()))
@@ -242,7 +260,8 @@ def print_memory_table(result: dict[str, Any]) -> None:
     if pools.get("peak_buffers"):
         print(f"NVDEC frame pools: {pools['buffers']} buffers, {pools['mib']} MiB ({pools['buffers_per_camera']} a "
               f"camera); at most {pools['peak_buffers']} ({pools['peak_mib']} MiB, "
-              f"{pools['peak_buffers_per_camera']} a camera)")
+              f"{pools['peak_buffers_per_camera']} a camera); at most {pools.get('peak_in_use')} held by frames "
+              f"at once ({pools.get('peak_in_use_per_camera')} a camera)")
 
 
 def _print_mapping_table(rows: list[dict[str, Any]]) -> None:
@@ -273,4 +292,16 @@ def _print_gpu_split(rows: list[dict[str, Any]]) -> None:
         rest = row["gpu_mb"] - last["gpu_mb"] - pools - lanes
         print(f"  {row['step']:18} {pools:+8.0f} {lanes:+8.0f} {rest:+8.0f}")
         last = row
+
+
+def _print_arena_growth(rows: list[dict[str, Any]]) -> None:
+    """What ONNX Runtime's arenas grew by at each step (--arena-log), with the largest requests behind it."""
+    if not any(row.get("arena") for row in rows):
+        return
+    print("ONNX Runtime's arenas grown (MiB, extensions; largest requests MiB):")
+    for row in rows:
+        cells = [f"{name} +{entry['extended_mib']:.0f} in {entry['extensions']} ({entry['largest_requests_mib']})"
+                 for name, entry in (row.get("arena") or {}).items()]
+        if cells:
+            print(f"  {row['step']:18} " + "; ".join(cells))
 
