@@ -341,6 +341,40 @@ def test_a_pool_frees_what_a_slow_spell_grew_once_idle() -> None:
     assert not runtime.live
 
 
+def test_cameras_of_one_frame_size_reuse_each_others_idle_buffers() -> None:
+    """Two cameras hold two frames each and burst to a third at different moments: the second burst reuses the
+    buffer the first let go (5 buffers, not 6 as pools of their own kept). A frame size or GPU of its own shares
+    nothing; the idle buffers outlive a closing camera while another of their size runs, and go with the last."""
+    from pipeline.capture.nvdec import DevicePool
+
+    runtime = _CudaRuntimeStandIn()
+    cam_a, cam_b = DevicePool("a", 1000, runtime, stream=None), DevicePool("b", 1000, runtime, stream=None)
+    held_a = [cam_a.acquire() for _ in range(2)]
+    held_b = [cam_b.acquire() for _ in range(2)]
+    burst = cam_a.acquire()
+    cam_a.release(burst)
+    held_b.append(cam_b.acquire())
+    assert held_b[-1] == burst and runtime.most == 5
+    other_size = DevicePool("c", 2000, runtime, stream=None)
+    other_gpu = DevicePool("d", 1000, runtime, stream=None, gpu=1)
+    cam_b.release(held_b.pop())
+    taken = [other_size.acquire(), other_gpu.acquire()]
+    assert burst not in taken and len(runtime.live) == 7
+    for buffer in held_a:
+        cam_a.release(buffer)
+    cam_a.close()
+    assert len(runtime.live) == 7 and cam_b.buffers == 2 + 3  # a's two and b's burst, idle for b's size
+    cam_b.close()  # the last of size 1000 on GPU 0: its idle buffers are freed, b's held two when they come back
+    assert len(runtime.live) == 4
+    for buffer in held_b:
+        cam_b.release(buffer)
+    other_size.release(taken[0])
+    other_gpu.release(taken[1])
+    other_size.close()
+    other_gpu.close()
+    assert not runtime.live
+
+
 @pytest.mark.gpu
 @needs_nvdec
 def test_a_pool_on_the_gpu_gives_its_idle_buffers_back_to_cuda() -> None:

@@ -313,23 +313,85 @@ def relax_capture_mode(runtime: Any, label: str) -> None:
     _capture_relaxed.done = True
 
 
+class _IdleBuffers:
+    """The idle GPU frame buffers of one size on one GPU, shared by every source's DevicePool of that size.
+
+    Why shared: a camera needs a third buffer only for moments (its frames in flight and the one being filled), and
+    the cameras' moments rarely coincide; pools of their own each kept their largest count, 2.9-3.4 buffers a 1080p
+    camera in a group of 32, while at most 2.2-3.1 a camera were held at once (bench memory's pool line, round 22).
+    Buffers are reused last-in first-out, so the ones at the bottom are those no camera needed lately."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.buffers: list[tuple[int, float]] = []  # (buffer, when it came back), the most recent last
+        self.users = 0
+        self.closed = False
+
+    def take(self) -> int | None:
+        with self.lock:
+            return self.buffers.pop()[0] if self.buffers else None
+
+    def give(self, buffer: int, when: float) -> bool:
+        """Keep a buffer for reuse; False once the last pool of this size has closed (the caller frees it)."""
+        with self.lock:
+            if self.closed:
+                return False
+            self.buffers.append((buffer, when))
+            return True
+
+    def oldest_idle_since(self, cutoff: float) -> int | None:
+        """Take the longest-idle buffer if it came back before `cutoff` (one a call)."""
+        with self.lock:
+            if not self.buffers or self.buffers[0][1] >= cutoff:
+                return None
+            return self.buffers.pop(0)[0]
+
+
+_idle_sets: dict[tuple[int, int, int], _IdleBuffers] = {}  # by (id of the CUDA runtime, GPU, buffer bytes)
+_idle_sets_lock = threading.Lock()
+
+
+def _join_idle(runtime: Any, gpu: int, nbytes: int) -> tuple[tuple[int, int, int], _IdleBuffers]:
+    key = (id(runtime), gpu, nbytes)
+    with _idle_sets_lock:
+        idle = _idle_sets.get(key)
+        if idle is None:
+            idle = _idle_sets[key] = _IdleBuffers()
+        idle.users += 1
+    return key, idle
+
+
+def _leave_idle(key: tuple[int, int, int], idle: _IdleBuffers) -> list[int]:
+    """One pool of this size fewer; the last one out takes every idle buffer (to free) and closes the set."""
+    with _idle_sets_lock:
+        idle.users -= 1
+        if idle.users > 0:
+            return []
+        _idle_sets.pop(key, None)
+    with idle.lock:
+        idle.closed = True
+        buffers, idle.buffers = [buffer for buffer, _ in idle.buffers], []
+    return buffers
+
+
 class DevicePool:
-    """GPU buffers of one frame size for one source, reused: a frame's buffer comes back when its image is dropped.
+    """One source's GPU frame buffers: a frame's buffer goes back when its image is dropped, to be reused.
 
     Why a pool: cudaMalloc/cudaFree on every frame would serialise with all GPU work (both synchronise the device).
-    The pool grows to what is in use at once (the frames in flight and the one being filled: the capture reader
-    lets go of the slot's frame before filling the next unless a worker took it; BENCHMARKS.md round 13 measured
-    4.0 buffers a camera at two frames in flight before that) and never past `MAX_BUFFERS`: a camera whose frames
-    are all held (analysis stuck) fails its grab with a SourceError, so the capture thread's retry logic handles it
-    like any broken source.
+    A source holds what it uses at once (the frames in flight and the one being filled: the capture reader lets go
+    of the slot's frame before filling the next unless a worker took it; BENCHMARKS.md round 13 measured 4.0 buffers
+    a camera at two frames in flight before that) and never more than `MAX_BUFFERS`: a camera whose frames are all
+    held (analysis stuck) fails its grab with a SourceError, so the capture thread's retry logic handles it like any
+    broken source. Its idle buffers go to the set every source of the same frame size on the same GPU shares
+    (`_IdleBuffers`), so one camera's burst reuses a buffer another has just let go.
 
     The copy runs on the decoder's stream (`stream`, owned by the source), so it is ordered after NVDEC's colour
-    conversion of the frame; the lanes' streams are non-blocking and neither wait for it nor hold it up.
+    conversion of the frame; the lanes' streams are non-blocking and neither wait for it nor hold it up. A buffer
+    another camera let go is safe to fill: its image was dropped only once the GPU had finished reading it.
 
-    A pool also shrinks: a spell of slow analysis (frames held longer) grows it, and a daemon that runs for weeks
-    should not keep that peak for good. Buffers are reused last-in first-out, so in a steady state the same few
-    cycle and any extra one lies idle; one idle for `IDLE_S` is freed at the next acquire (one a call: cudaFree
-    waits for the device, and this runs on the camera's reader thread)."""
+    The shared set also shrinks: a spell of slow analysis (frames held longer) grows it, and a daemon that runs for
+    weeks should not keep that peak for good. A buffer idle for `IDLE_S` is freed at the next acquire of any source
+    of its size (one a call: cudaFree waits for the device, and this runs on a camera's reader thread)."""
 
     MAX_BUFFERS = 8
     IDLE_S = 30.0
@@ -340,10 +402,10 @@ class DevicePool:
         self._runtime = runtime
         self._clock = clock
         self._lock = threading.Lock()
-        self._free: list[tuple[int, float]] = []  # (buffer, when it came back), the most recent last
-        self._count = 0
+        self._held = 0  # buffers this source's images hold now
         self._closed = False
         self._stream = stream
+        self._idle_key, self._idle = _join_idle(runtime, gpu, nbytes)
         self.runtime, self.gpu = runtime, gpu  # for the window copies of this pool's frames (WindowCopier)
 
     def acquire(self) -> int:
@@ -351,19 +413,20 @@ class DevicePool:
         with self._lock:
             if self._closed:
                 raise SourceError(f"{self.label}: the frame pool is closed")
-            if self._free:
-                _account_in_use(1)
-                return self._free.pop()[0]
-            if self._count >= self.MAX_BUFFERS:
+            if self._held >= self.MAX_BUFFERS:
                 raise SourceError(f"{self.label}: all {self.MAX_BUFFERS} GPU frame buffers are still held "
                                   f"(analysis is not keeping up or is stuck)")
-            self._count += 1
+            self._held += 1
+        reused = self._idle.take()
+        if reused is not None:
+            _account_in_use(1)
+            return reused
         try:
             buffer = int(self._cuda(f"cudaMalloc ({self.nbytes} bytes for a frame)",
                                     self._runtime.cudaMalloc(self.nbytes)))
         except SourceError:
             with self._lock:
-                self._count -= 1
+                self._held -= 1
             raise
         _account_pool_buffer(self.nbytes)
         _account_in_use(1)
@@ -384,38 +447,36 @@ class DevicePool:
             host.ctypes.data, buffer, min(host.nbytes, self.nbytes), runtime.cudaMemcpyKind.cudaMemcpyDeviceToHost))
 
     def release(self, buffer: int) -> None:
-        """Take a buffer back (an image was dropped); after close() it is freed instead."""
+        """Take a buffer back (an image was dropped) into the shared idle set; freed once every pool of its size
+        has closed."""
         _account_in_use(-1)
         with self._lock:
-            if not self._closed:
-                self._free.append((buffer, self._clock()))
-                return
-            self._count -= 1
-        self._free_device(buffer)
+            self._held -= 1
+        if not self._idle.give(buffer, self._clock()):
+            self._free_device(buffer)
 
     @property
     def buffers(self) -> int:
-        """Buffers the pool holds, in use or idle."""
+        """Buffers this source's images hold, and the idle ones it shares with the other sources of its size."""
         with self._lock:
-            return self._count
+            held = self._held
+        with self._idle.lock:
+            return held + len(self._idle.buffers)
 
     def _trim_idle(self) -> None:
-        """Free the longest-idle buffer if it has been idle for IDLE_S (the bottom of the last-in first-out stack)."""
-        with self._lock:
-            if not self._free or self._clock() - self._free[0][1] < self.IDLE_S:
-                return
-            buffer, _ = self._free.pop(0)
-            self._count -= 1
-        self._free_device(buffer)
+        """Free the longest-idle shared buffer if it has been idle for IDLE_S (the bottom of the stack)."""
+        buffer = self._idle.oldest_idle_since(self._clock() - self.IDLE_S)
+        if buffer is not None:
+            self._free_device(buffer)
 
     def close(self) -> None:
+        """No more frames from this source; the last pool of its size frees the idle buffers now, and the buffers
+        still held are freed when their images go."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            idle, self._free = [buffer for buffer, _ in self._free], []
-            self._count -= len(idle)
-        for buffer in idle:
+        for buffer in _leave_idle(self._idle_key, self._idle):
             self._free_device(buffer)
 
     def _free_device(self, buffer: int) -> None:
