@@ -184,6 +184,7 @@ case "${1:-check}" in
     # variant, CLIP (group_1080p.mp4) at 25 fps through NVDEC on the frame graphs path; VARIANTS picks among the names
     # below. CLIP=group_1080p_ipp.mp4 (as IP cameras send: no B-frames; NVDEC then needs half the surfaces) is made
     # beforehand with: ffmpeg -i group_1080p.mp4 -c:v libx264 -preset medium -crf 20 -bf 0 -g 50 -an group_1080p_ipp.mp4
+    # EXTRA="--arena-log $OUT/arena_log.txt" adds what ONNX Runtime's arenas grew by at each step (round 22).
     # Since round 11 bench memory sizes its one process as the daemon does: cams8 (auto frames in flight) runs 1 frame
     # in flight and max_batch 8, as the daemon's 8 cameras do; an explicit --frames-in-flight is kept.
     common="--video $PWD/.benchdata/video/${CLIP:-group_1080p.mp4} --fps 25 --device cuda --precision fp16 --detector-input 640x352 \
