@@ -317,8 +317,9 @@ class _IdleBuffers:
     """The idle GPU frame buffers of one size on one GPU, shared by every source's DevicePool of that size.
 
     Why shared: a camera needs a third buffer only for moments (its frames in flight and the one being filled), and
-    the cameras' moments rarely coincide; pools of their own each kept their largest count, 2.9-3.4 buffers a 1080p
-    camera in a group of 32, while at most 2.2-3.1 a camera were held at once (bench memory's pool line, round 22).
+    the cameras' moments rarely all coincide; pools of their own each kept their largest count, 2.0-3.4 buffers a
+    1080p camera in a group of 32, while at most 1.3-3.1 a camera were held at once (bench memory's pool line,
+    BENCHMARKS.md round 22).
     Buffers are reused last-in first-out, so the ones at the bottom are those no camera needed lately."""
 
     def __init__(self) -> None:

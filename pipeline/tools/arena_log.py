@@ -43,7 +43,7 @@ class ArenaLog:
     def close(self) -> None:
         import onnxruntime
 
-        onnxruntime.set_default_logger_severity(3)
+        onnxruntime.set_default_logger_severity(3)  # errors only: what the CLI sets at every level but debug
         sys.stderr.flush()
         os.dup2(self._saved, 2)
         os.close(self._saved)

@@ -38,8 +38,8 @@ from pipeline.inference.frames import FramePerception
 from pipeline.inference.perception import load_perception
 from pipeline.service.parts import limit_opencv_threads, new_tracker, prepare_gpu
 from pipeline.service.worker import CameraWorker
-from pipeline.tools.bench_groups import host_memory_mb
 from pipeline.tools.arena_log import ArenaLog, attach_arena_growth
+from pipeline.tools.bench_groups import host_memory_mb
 from pipeline.tools.bench_pipeline import bench_config, decoder_kind, parse_intervals, video_format
 
 SAMPLE_S = 0.5
