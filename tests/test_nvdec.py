@@ -157,6 +157,33 @@ def test_nvdec_file_ends_or_loops_on_one_decoder() -> None:
 
 @pytest.mark.gpu
 @needs_nvdec
+def test_the_frames_a_decoder_returned_at_once_are_counted_while_it_is_open() -> None:
+    """decoder_output_frames: each open decoder's most frames from one Decode call (PyNvVideoCodec keeps that many RGB
+    output frames), over two loops of a B-frame file; given back when the source closes."""
+    from pipeline.capture.nvdec import decoder_output_frames
+
+    video = data_path("video", "woman_short.mp4")
+    total = len(_cpu_frames(video, 10_000))
+    before = decoder_output_frames()
+    looping = open_source(_camera(video, decode="gpu", loop=True), gpu_active=True)
+    looping._pacer = None  # type: ignore[attr-defined]
+    try:
+        for _ in range(total * 2 + 5):
+            assert looping.grab(1.0)
+        now = decoder_output_frames()
+    finally:
+        looping.close()
+    frames = now["frames"] - before["frames"]
+    print("one looped decoder:", {key: now[key] - before[key] for key in now})
+    assert now["decoders"] - before["decoders"] == 1
+    assert frames >= 1 and now["bytes"] - before["bytes"] == frames * 596 * 336 * 3
+    assert (frames >= 2) == (now["calls_with_several"] > before["calls_with_several"])
+    assert now["several_at_loop"] - before["several_at_loop"] <= now["calls_with_several"] - before["calls_with_several"]
+    assert decoder_output_frames() == before
+
+
+@pytest.mark.gpu
+@needs_nvdec
 def test_faces_and_emotions_agree_with_cpu_decoding(perception: object) -> None:
     video = data_path("video", "woman2.mp4")
     expected = _cpu_frames(video, 40)[::4]

@@ -50,8 +50,12 @@ GPU_REQUIREMENTS = "pip install -r requirements-gpu.txt"
 PEEK_PACKETS = 8  # enough for a B-frame reorder to show in the presentation times
 
 _pools_lock = threading.Lock()
+_outputs_lock = threading.Lock()
 # every DevicePool of this process: buffers allocated (in use or idle), and of them in use (an image holds it)
 _pools = {"buffers": 0, "bytes": 0, "peak_buffers": 0, "peak_bytes": 0, "in_use": 0, "peak_in_use": 0}
+# every open NvdecSource of this process: the most frames one `Decode` call of each has returned, summed (frames and
+# RGB bytes), and how many calls returned more than one, of them within the first packets after a file's loop
+_outputs = {"decoders": 0, "frames": 0, "bytes": 0, "calls_with_several": 0, "several_at_loop": 0}
 
 
 def frame_pool_allocations() -> dict[str, int]:
@@ -61,6 +65,32 @@ def frame_pool_allocations() -> dict[str, int]:
     against the sum of what each pool grew to."""
     with _pools_lock:
         return dict(_pools)
+
+
+def decoder_output_frames() -> dict[str, int]:
+    """The most RGB frames each open decoder has returned from one `Decode` call, summed over this process's decoders.
+
+    Why: PyNvVideoCodec allocates its RGB output frames inside the library (not in our pools) and keeps as many as
+    one call has returned together, so a decoder that once returned two frames keeps ~12 MB at 1080p from then on
+    (BENCHMARKS.md, round 22: a B-frame file's loop does it). `bench memory` prints this beside its GPU split, so a
+    growth of NVDEC's share can be told from the frame pools' and the arena's. `calls_with_several` counts the calls
+    that returned more than one frame; `several_at_loop` those within the first packets after a file looped."""
+    with _outputs_lock:
+        return dict(_outputs)
+
+
+def _account_output(frames: int, nbytes: int, several: bool = False, at_loop: bool = False) -> None:
+    """A decoder's most frames at once grew by `frames` (or, negative, it closed); one call returned several."""
+    with _outputs_lock:
+        _outputs["frames"] += frames
+        _outputs["bytes"] += nbytes
+        _outputs["calls_with_several"] += int(several)
+        _outputs["several_at_loop"] += int(several and at_loop)
+
+
+def _outputs_change(key: str, change: int) -> None:
+    with _outputs_lock:
+        _outputs[key] += change
 
 
 def _account_in_use(change: int) -> None:
@@ -127,6 +157,7 @@ class NvdecSource(VideoSource):
         self._pinned_bytes = 0
         self._pool: DevicePool | None = None
         self._keep_on_device = keep_on_device
+        self._looped = False
         self._end_of_picture = not self._has_b_frames()
         self._open_demuxer()
         relax_capture_mode(self._runtime, self._label)  # this thread (the camera's reader) decodes beside recordings
@@ -145,12 +176,15 @@ class NvdecSource(VideoSource):
             self._destroy_stream()
             raise SourceError(f"{label}: NVDEC cannot decode this stream ({type(exc).__name__}: {exc})") from exc
         self._size = (int(self._demuxer.Width()), int(self._demuxer.Height()))
+        self._most_at_once = 0  # the most frames one Decode call has returned (decoder_output_frames)
+        _outputs_change("decoders", 1)
         fps = float(self._demuxer.FrameRate() or 0.0)
         self._pacer = pacer_for(fps) if paced else None
 
     def _open_demuxer(self) -> None:
         self._demuxer = self._new_demuxer()
         self._packets = iter(self._demuxer)
+        self._packets_since_open = 0
 
     def _new_demuxer(self) -> Any:
         try:
@@ -200,10 +234,25 @@ class NvdecSource(VideoSource):
             return
         if self._end_of_picture:  # decode this picture now rather than on the next packet's arrival
             packet.decode_flag = self._nvc.VideoPacketFlag.ENDOFPICTURE
+        self._packets_since_open += 1
         try:
-            self._pending.extend(self._decoder.Decode(packet))
+            frames = self._decoder.Decode(packet)
         except Exception as exc:  # noqa: BLE001 - a corrupt packet or a lost device: the capture thread retries
             raise SourceError(f"{self._label}: NVDEC decoding failed ({type(exc).__name__}: {exc})") from exc
+        if len(frames) > 1 or len(frames) > self._most_at_once:
+            self._note_output(len(frames))
+        self._pending.extend(frames)
+
+    def _note_output(self, count: int) -> None:
+        """Account a call's frames in decoder_output_frames: its most at once, and a call that returned several."""
+        grown = max(0, count - self._most_at_once)
+        width, height = self._size
+        at_loop = self._loop and self._looped and self._packets_since_open <= PEEK_PACKETS
+        _account_output(grown, grown * width * height * 3, several=count > 1, at_loop=at_loop)
+        if grown and count > 1:
+            log.debug("%s: NVDEC returned %d frames from one packet%s", self._label, count,
+                      " after the file looped" if at_loop else "")
+        self._most_at_once = max(self._most_at_once, count)
 
     def _end_of_stream(self) -> None:
         if self._frames == 0:
@@ -211,6 +260,7 @@ class NvdecSource(VideoSource):
         if not self._loop:
             raise SourceEnded(self._label)
         self._open_demuxer()  # a new demuxer from the start; the decoder (and its NVDEC session) is kept
+        self._looped = True
         self._frames = 0
 
     @property
@@ -281,6 +331,10 @@ class NvdecSource(VideoSource):
         if self._pool is not None:
             self._pool.close()  # frees idle buffers now, and each buffer still in use when its image goes
             self._pool = None
+        if self._decoder is not None:
+            width, height = self._size
+            _account_output(-self._most_at_once, -self._most_at_once * width * height * 3)
+            _outputs_change("decoders", -1)
         self._decoder = None  # PyNvVideoCodec frees its session when the last reference goes
         self._demuxer = None
         self._destroy_stream()

@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any
 
-from pipeline.capture.nvdec import frame_pool_allocations
+from pipeline.capture.nvdec import decoder_output_frames, frame_pool_allocations
 from pipeline.capture.sources import open_source
 from pipeline.capture.thread import CaptureThread
 from pipeline.core.heap import can_trim, trim_heap
@@ -136,7 +136,8 @@ def ours_on_gpu(peak: bool = False) -> dict[str, float]:
     pools = frame_pool_allocations()
     pool_bytes = pools["peak_bytes"] if peak else pools["bytes"]
     lanes = _ledger().get("device_bytes", 0)
-    return {"frame_pools": round(pool_bytes / 2**20, 1), "lane_buffers": round(lanes / 2**20, 1)}
+    return {"frame_pools": round(pool_bytes / 2**20, 1), "lane_buffers": round(lanes / 2**20, 1),
+            "nvdec_output_est": round(decoder_output_frames()["bytes"] / 2**20, 1)}
 
 
 def _cuda_context(device: str) -> str:
@@ -220,6 +221,7 @@ def _measure(args: argparse.Namespace, steps: Steps) -> dict[str, Any]:
         _trim(steps, cfg.inference.trim_heap_s)
         ledger = _ledger()
         pools = _frame_pools(len(captures))
+        outputs = decoder_output_frames()
     finally:
         stop.set()
         for thread in [*captures, *workers]:
@@ -235,7 +237,7 @@ def _measure(args: argparse.Namespace, steps: Steps) -> dict[str, Any]:
             "steps": steps.rows,
             "project_buffers": {key: (round(value / 2**20, 1) if key.endswith("bytes") else value)
                                 for key, value in ledger.items()},
-            "frame_pools": pools}
+            "frame_pools": pools, "decoder_outputs": outputs}
 
 
 def print_memory_table(result: dict[str, Any]) -> None:
@@ -262,6 +264,12 @@ def print_memory_table(result: dict[str, Any]) -> None:
               f"camera); at most {pools['peak_buffers']} ({pools['peak_mib']} MiB, "
               f"{pools['peak_buffers_per_camera']} a camera); at most {pools.get('peak_in_use')} held by frames "
               f"at once ({pools.get('peak_in_use_per_camera')} a camera)")
+    outputs = result.get("decoder_outputs") or {}
+    if outputs.get("decoders"):
+        print(f"NVDEC decoders: {outputs['decoders']}; the most frames one Decode call returned, summed over them: "
+              f"{outputs['frames']} ({outputs['bytes'] / 2**20:.0f} MiB of RGB frames PyNvVideoCodec keeps); "
+              f"{outputs['calls_with_several']} calls returned several, {outputs['several_at_loop']} of them as a "
+              "file looped")
 
 
 def _print_mapping_table(rows: list[dict[str, Any]]) -> None:
@@ -282,15 +290,17 @@ def _print_gpu_split(rows: list[dict[str, Any]]) -> None:
     """Each step's GPU growth split into the project's own buffers (frame pools, lane buffers) and the libraries'."""
     if not rows or rows[0].get("gpu_mb") is None or "ours_mib" not in rows[0]:
         return
-    print("GPU MiB a step adds: the frame pools, the lanes' buffers, the rest (libraries: arena, cuDNN, NVDEC, CUDA)")
+    print("GPU MiB a step adds: the frame pools, the lanes' buffers, the rest (libraries: arena, cuDNN, NVDEC, CUDA), "
+          "and of the rest NVDEC's RGB output frames (the most one Decode call returned, a decoder keeps that many)")
     last = rows[0]
     for row in rows[1:]:
         if row["gpu_mb"] is None or last["gpu_mb"] is None:
             continue
         pools = row["ours_mib"]["frame_pools"] - last["ours_mib"]["frame_pools"]
         lanes = row["ours_mib"]["lane_buffers"] - last["ours_mib"]["lane_buffers"]
+        outputs = row["ours_mib"].get("nvdec_output_est", 0.0) - last["ours_mib"].get("nvdec_output_est", 0.0)
         rest = row["gpu_mb"] - last["gpu_mb"] - pools - lanes
-        print(f"  {row['step']:18} {pools:+8.0f} {lanes:+8.0f} {rest:+8.0f}")
+        print(f"  {row['step']:18} {pools:+8.0f} {lanes:+8.0f} {rest:+8.0f} {outputs:+8.0f}")
         last = row
 
 
