@@ -35,6 +35,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from pipeline.capture.nv12 import ConverterError, Nv12ToRgb, converter_for
 from pipeline.capture.source_base import (
     SourceEnded,
     SourceError,
@@ -51,6 +52,7 @@ PEEK_PACKETS = 8  # enough for a B-frame reorder to show in the presentation tim
 
 _pools_lock = threading.Lock()
 _outputs_lock = threading.Lock()
+_not_nv12: set[str] = set()  # locations whose frames came out of NVDEC other than NV12: decoded to RGB from then on
 # every DevicePool of this process: buffers allocated (in use or idle), and of them in use (an image holds it)
 _pools = {"buffers": 0, "bytes": 0, "peak_buffers": 0, "peak_bytes": 0, "in_use": 0, "peak_in_use": 0}
 # every open NvdecSource of this process: the most frames one `Decode` call of each has returned, summed (frames and
@@ -166,20 +168,35 @@ class NvdecSource(VideoSource):
         # it, and never wait for (or hold up) the inference lanes, as work on the legacy default stream would.
         self._stream: Any = self._cuda("cudaStreamCreateWithFlags (decoder stream)",
                                        self._runtime.cudaStreamCreateWithFlags(self._runtime.cudaStreamNonBlocking))
-        latency = self._nvc.DisplayDecodeLatencyType
-        try:
-            self._decoder = self._nvc.CreateDecoder(gpuid=gpu, codec=codec, usedevicememory=True,
-                                                    cudastream=int(self._stream),
-                                                    outputColorType=self._nvc.OutputColorType.RGB,
-                                                    latency=latency.LOW)
-        except Exception as exc:  # noqa: BLE001 - PyNvVideoCodec raises its own types for unsupported codecs
-            self._destroy_stream()
-            raise SourceError(f"{label}: NVDEC cannot decode this stream ({type(exc).__name__}: {exc})") from exc
         self._size = (int(self._demuxer.Width()), int(self._demuxer.Height()))
+        self._nv12 = self._nv12_converter()
+        width, height = self._size
+        self._frame_bytes = width * height * 3 // 2 if self._nv12 is not None else width * height * 3
+        self._create_decoder(codec)
         self._most_at_once = 0  # the most frames one Decode call has returned (decoder_output_frames)
         _outputs_change("decoders", 1)
         fps = float(self._demuxer.FrameRate() or 0.0)
         self._pacer = pacer_for(fps) if paced else None
+
+    def _create_decoder(self, codec: Any) -> None:
+        colour = self._nvc.OutputColorType.NATIVE if self._nv12 is not None else self._nvc.OutputColorType.RGB
+        try:
+            self._decoder = self._nvc.CreateDecoder(gpuid=self._gpu, codec=codec, usedevicememory=True,
+                                                    cudastream=int(self._stream), outputColorType=colour,
+                                                    latency=self._nvc.DisplayDecodeLatencyType.LOW)
+        except Exception as exc:  # noqa: BLE001 - PyNvVideoCodec raises its own types for unsupported codecs
+            self._destroy_stream()
+            raise SourceError(f"{self._label}: NVDEC cannot decode this stream ({type(exc).__name__}: {exc})") from exc
+
+    def _nv12_converter(self) -> Nv12ToRgb | None:
+        """Our NV12 kernel where frames stay on the GPU and the stream is 8-bit limited range (capture.nv12: the
+        decoder then keeps NV12 output frames, half RGB's bytes); None where PyNvVideoCodec converts to RGB itself:
+        frames for the host, 10-bit or full-range streams, a stream whose frames were not NV12 before, no NVRTC."""
+        if not self._keep_on_device or self._location in _not_nv12:
+            return None
+        if int(self._demuxer.BitDepth()) != 8 or self._demuxer.ColorRange() == self._nvc.ColorRange.JPEG:
+            return None
+        return converter_for(self._gpu)
 
     def _open_demuxer(self) -> None:
         self._demuxer = self._new_demuxer()
@@ -246,9 +263,8 @@ class NvdecSource(VideoSource):
     def _note_output(self, count: int) -> None:
         """Account a call's frames in decoder_output_frames: its most at once, and a call that returned several."""
         grown = max(0, count - self._most_at_once)
-        width, height = self._size
         at_loop = self._loop and self._looped and self._packets_since_open <= PEEK_PACKETS
-        _account_output(grown, grown * width * height * 3, several=count > 1, at_loop=at_loop)
+        _account_output(grown, grown * self._frame_bytes, several=count > 1, at_loop=at_loop)
         if grown and count > 1:
             log.debug("%s: NVDEC returned %d frames from one packet%s", self._label, count,
                       " after the file looped" if at_loop else "")
@@ -275,8 +291,8 @@ class NvdecSource(VideoSource):
             raise SourceError(f"{self._label}: retrieve() before grab()")
         width, height = self._size
         size = int(frame.framesize())
-        if size != width * height * 3:
-            raise SourceError(f"{self._label}: decoded frame of {size} bytes is not RGB {width}x{height}")
+        if size != self._frame_bytes:
+            raise self._unexpected_frame(size)
         if self._keep_on_device:
             return self._device_copy(int(frame.GetPtrToPlane(0)))
         rgb = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(self._host_buffer(size)))
@@ -287,14 +303,38 @@ class NvdecSource(VideoSource):
                    self._runtime.cudaStreamSynchronize(self._stream))
         return cv2.cvtColor(rgb.reshape(height, width, 3), cv2.COLOR_RGB2BGR)
 
+    def _unexpected_frame(self, size: int) -> SourceError:
+        width, height = self._size
+        if self._nv12 is None:
+            return SourceError(f"{self._label}: decoded frame of {size} bytes is not RGB {width}x{height}")
+        _not_nv12.add(self._location)  # the capture thread's retry opens it again with RGB output
+        return SourceError(f"{self._label}: decoded frame of {size} bytes is not NV12 {width}x{height} (not 8-bit "
+                           "4:2:0): opening it again with PyNvVideoCodec's RGB conversion")
+
+    def _convert(self, src: int, buffer: int) -> None:
+        """NVDEC's NV12 frame into the pool buffer as RGB, on the decoder's stream (ordered after the decoder's copy
+        of the frame, as the plain copy is), finished before returning (the next Decode may reuse `src`)."""
+        if self._nv12 is None:
+            raise SourceError(f"{self._label}: no NV12 converter")
+        width, height = self._size
+        try:
+            self._nv12.convert(src, width, height, buffer, self._stream)
+        except ConverterError as exc:
+            raise SourceError(f"{self._label}: {exc}") from exc
+        self._cuda("cudaStreamSynchronize (NV12 to RGB)", self._runtime.cudaStreamSynchronize(self._stream))
+
     def _device_copy(self, src: int) -> NvdecImage:
-        """Copy NVDEC's output surface into a pool buffer of our own (the surface is reused by the next Decode)."""
+        """Copy NVDEC's output frame into a pool buffer of our own (the decoder reuses its frame at the next Decode),
+        as RGB: converted from NV12 by our kernel (capture.nv12), or copied where PyNvVideoCodec made it RGB."""
         width, height = self._size
         if self._pool is None:
             self._pool = DevicePool(self._label, width * height * 3, self._runtime, self._stream, gpu=self._gpu)
         buffer = self._pool.acquire()
         try:
-            self._pool.copy(buffer, src)
+            if self._nv12 is not None:
+                self._convert(src, buffer)
+            else:
+                self._pool.copy(buffer, src)
         except SourceError:
             self._pool.release(buffer)
             raise
@@ -332,8 +372,7 @@ class NvdecSource(VideoSource):
             self._pool.close()  # frees idle buffers now, and each buffer still in use when its image goes
             self._pool = None
         if self._decoder is not None:
-            width, height = self._size
-            _account_output(-self._most_at_once, -self._most_at_once * width * height * 3)
+            _account_output(-self._most_at_once, -self._most_at_once * self._frame_bytes)
             _outputs_change("decoders", -1)
         self._decoder = None  # PyNvVideoCodec frees its session when the last reference goes
         self._demuxer = None
