@@ -194,7 +194,8 @@ class NvdecSource(VideoSource):
         frames for the host, 10-bit or full-range streams, a stream whose frames were not NV12 before, no NVRTC."""
         if not self._keep_on_device or self._location in _not_nv12:
             return None
-        if int(self._demuxer.BitDepth()) != 8 or self._demuxer.ColorRange() == self._nvc.ColorRange.JPEG:
+        full_range = getattr(self._nvc.ColorRange, "JPEG", None)
+        if int(self._demuxer.BitDepth()) != 8 or (full_range is not None and self._demuxer.ColorRange() == full_range):
             return None
         return converter_for(self._gpu)
 
