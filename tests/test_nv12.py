@@ -5,7 +5,6 @@ kernel's pixels against OpenCV's for the same NV12 frames, which NVDEC sources k
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 
 import cv2
 import numpy as np
@@ -13,6 +12,7 @@ import pytest
 
 from pipeline.capture import nv12
 from pipeline.capture.nvdec import nvdec_problem
+from pipeline.tools.bench_engine import video_frames
 from tests.conftest import data_path
 
 NVDEC_PROBLEM = nvdec_problem()
@@ -52,21 +52,9 @@ def _convert_as_the_kernel_does(frame: np.ndarray, width: int, height: int) -> n
     return np.clip(np.stack([c >> nv12.SHIFT for c in channels], axis=-1), 0, 255).astype(np.uint8)
 
 
-def _first_frames(video: Path, count: int) -> list[np.ndarray]:
-    capture = cv2.VideoCapture(str(video))
-    frames = []
-    while len(frames) < count:
-        ok, frame = capture.read()
-        if not ok:
-            break
-        frames.append(frame)
-    capture.release()
-    return frames
-
-
 @pytest.mark.parametrize("clip", ["group_1080p.mp4", "woman2.mp4"])
 def test_the_kernels_arithmetic_is_opencvs_nv12_conversion_exactly(clip: str) -> None:
-    frames = _first_frames(data_path("video", clip), 3)
+    frames = video_frames(data_path("video", clip), 3)
     assert frames
     for bgr in frames:
         height, width = bgr.shape[:2]
