@@ -7,9 +7,9 @@ into the camera's pool buffer: the device-to-device copy that was needed anyway 
 
 The formula is BT.601 limited range in 20-bit fixed point, each 2x2 block of pixels sharing its chroma sample: the
 integers OpenCV's `cv2.COLOR_YUV2RGB_NV12` uses, so a frame converted here has the pixels the CPU would give for the
-same NV12 (tests/test_nvdec.py compares them exactly). `converter_for` compiles the kernel the first time a GPU asks
-(NVRTC, ~0.1-0.5 s, to a CUBIN for that GPU's architecture, so no PTX version has to match the driver) and says why
-it cannot when NVRTC is missing; the source then keeps PyNvVideoCodec's own RGB conversion.
+same NV12 (tests/test_nv12.py compares them exactly). `converter_for` compiles the kernel the first time a GPU asks
+(NVRTC, to a CUBIN for that GPU's architecture, so no PTX version has to match the driver) and says why it cannot
+when NVRTC is missing; the source then keeps PyNvVideoCodec's own RGB conversion.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ _not_nv12: set[str] = set()  # locations whose frames came out of NVDEC other th
 # every DevicePool of this process: buffers allocated (in use or idle), and of them in use (an image holds it)
 _pools = {"buffers": 0, "bytes": 0, "peak_buffers": 0, "peak_bytes": 0, "in_use": 0, "peak_in_use": 0}
 # every open NvdecSource of this process: the most frames one `Decode` call of each has returned, summed (frames and
-# RGB bytes), and how many calls returned more than one, of them within the first packets after a file's loop
+# bytes), and how many calls returned more than one, of them within the first packets after a file's loop
 _outputs = {"decoders": 0, "frames": 0, "bytes": 0, "calls_with_several": 0, "several_at_loop": 0}
 
 
@@ -70,13 +70,15 @@ def frame_pool_allocations() -> dict[str, int]:
 
 
 def decoder_output_frames() -> dict[str, int]:
-    """The most RGB frames each open decoder has returned from one `Decode` call, summed over this process's decoders.
+    """The most frames each open decoder has returned from one `Decode` call, summed over this process's decoders,
+    and their bytes (RGB, or NV12 where capture.nv12 converts them).
 
-    Why: PyNvVideoCodec allocates its RGB output frames inside the library (not in our pools) and keeps as many as
-    one call has returned together, so a decoder that once returned two frames keeps ~12 MB at 1080p from then on
-    (BENCHMARKS.md, round 22: a B-frame file's loop does it). `bench memory` prints this beside its GPU split, so a
-    growth of NVDEC's share can be told from the frame pools' and the arena's. `calls_with_several` counts the calls
-    that returned more than one frame; `several_at_loop` those within the first packets after a file looped."""
+    Why: PyNvVideoCodec allocates its output frames inside the library (not in our pools) and keeps as many as one
+    call has returned together: a stream with B-frames returns two or three now and then, so its decoder keeps 12-18
+    MB of RGB frames at 1080p from then on, half that as NV12 (BENCHMARKS.md, round 23). `bench memory` prints this
+    beside its GPU split, so a growth of NVDEC's share can be told from the frame pools' and the arena's.
+    `calls_with_several` counts the calls that returned more than one frame; `several_at_loop` those within the first
+    packets after a file looped."""
     with _outputs_lock:
         return dict(_outputs)
 

@@ -267,7 +267,7 @@ def print_memory_table(result: dict[str, Any]) -> None:
     outputs = result.get("decoder_outputs") or {}
     if outputs.get("decoders"):
         print(f"NVDEC decoders: {outputs['decoders']}; the most frames one Decode call returned, summed over them: "
-              f"{outputs['frames']} ({outputs['bytes'] / 2**20:.0f} MiB of RGB frames PyNvVideoCodec keeps); "
+              f"{outputs['frames']} ({outputs['bytes'] / 2**20:.0f} MiB of output frames PyNvVideoCodec keeps); "
               f"{outputs['calls_with_several']} calls returned several, {outputs['several_at_loop']} of them as a "
               "file looped")
 
@@ -291,7 +291,7 @@ def _print_gpu_split(rows: list[dict[str, Any]]) -> None:
     if not rows or rows[0].get("gpu_mb") is None or "ours_mib" not in rows[0]:
         return
     print("GPU MiB a step adds: the frame pools, the lanes' buffers, the rest (libraries: arena, cuDNN, NVDEC, CUDA), "
-          "and of the rest NVDEC's RGB output frames (the most one Decode call returned, a decoder keeps that many)")
+          "and of the rest NVDEC's output frames (the most one Decode call returned, a decoder keeps that many)")
     last = rows[0]
     for row in rows[1:]:
         if row["gpu_mb"] is None or last["gpu_mb"] is None:
