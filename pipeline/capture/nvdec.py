@@ -365,7 +365,8 @@ class NvdecSource(VideoSource):
     def describe(self) -> str:
         width, height = self._size
         order = "no B-frames: no frame held" if self._end_of_picture else "B-frames: held for display order"
-        return f"{self._label} {width}x{height} (NVDEC on GPU {self._gpu}, {order})"
+        colour = "NV12 to RGB by our kernel" if self._nv12 is not None else "RGB by PyNvVideoCodec"
+        return f"{self._label} {width}x{height} (NVDEC on GPU {self._gpu}, {order}, {colour})"
 
     def close(self) -> None:
         self._pending.clear()
