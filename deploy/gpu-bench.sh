@@ -182,12 +182,11 @@ case "${1:-check}" in
     ;;
   memory)  # issue 25 item 3: one camera group's GPU and host memory step by step (bench memory), one process per
     # variant, CLIP (group_1080p.mp4) at 25 fps through NVDEC on the frame graphs path; VARIANTS picks among the names
-    # below. CLIP=group_1080p_ipp.mp4 (as IP cameras send: no B-frames; NVDEC then needs half the surfaces) is made
-    # beforehand with: ffmpeg -i group_1080p.mp4 -c:v libx264 -preset medium -crf 20 -bf 0 -g 50 -an group_1080p_ipp.mp4
+    # below. CLIP=group_1080p_ipp.mp4 (as IP cameras send: no B-frames; NVDEC then needs half the surfaces) and
+    # CLIP=group_1080p_live.mp4 are made by deploy/make-clips.sh (CLIPS=1 bash deploy/gpu-stage.sh packs them).
     # EXTRA="--arena-log $OUT/arena_log.txt" adds what ONNX Runtime's arenas grew by at each step (round 22).
-    # CLIP=group_1080p_live.mp4 (B-frames as one long stream, no loop within a run: a live camera's stand-in, round 23):
-    # ffmpeg -stream_loop 14 -i group_1080p.mp4 -an -c:v libx264 -preset veryfast -crf 23 -bf 3 -g 50 -keyint_min 50
-    #   -sc_threshold 0 group_1080p_live.mp4   (`groups` takes CLIP the same way)
+    # group_1080p_live.mp4: B-frames as one long stream, no loop within a run (a live camera's stand-in, round 23);
+    # `groups` takes CLIP the same way.
     # Since round 11 bench memory sizes its one process as the daemon does: cams8 (auto frames in flight) runs 1 frame
     # in flight and max_batch 8, as the daemon's 8 cameras do; an explicit --frames-in-flight is kept.
     common="--video $PWD/.benchdata/video/${CLIP:-group_1080p.mp4} --fps 25 --device cuda --precision fp16 --detector-input 640x352 \

@@ -12,6 +12,7 @@
 # LEAN=1 packs fewer pieces (each call is device time): no py-spy (the profile step needs it) and no fp32 weights but
 # the detector's and mini-Xception's, which the frame path's GPU tests read (the bench steps run fp16; the other
 # models' fp32 GPU tests then skip). Round 21 ran with such a stage.
+# CLIPS=1 also packs the two clips deploy/make-clips.sh makes (no B-frames; one long B-frame stream), one piece more.
 set -euo pipefail
 piece_mb=${PIECE_MB:-32}
 data=${DATA:-../shared/data}
@@ -36,6 +37,7 @@ for model in retinaface_mnet025 mini_xception_fer2013 dlibface_emotion150; do
     "missing: python run_pipeline.py prepare-models --model $model [--precision fp16] first, or GPU tests skip" >&2
 done
 cp "$data"/video/*.mp4 "$work/tree/.benchdata/video/"
+[ "${CLIPS:-0}" = 1 ] && OUT_DIR="$work/tree/.benchdata/video" bash deploy/make-clips.sh "$data"
 cp -r "$data/faces" "$work/tree/.benchdata/"
 cp models/*.onnx models/*.json "$work/tree/models/"
 if [ "${LEAN:-0}" = 1 ]; then
