@@ -64,6 +64,8 @@ def test_the_kernels_arithmetic_is_opencvs_nv12_conversion_exactly(clip: str) ->
 
 
 def test_the_kernel_source_carries_the_coefficients_and_compiles_with_nvrtc() -> None:
+    """NVRTC (requirements-dev.txt installs it, as requirements-gpu.txt does) compiles the kernel without a GPU; a
+    wrong architecture is the clear error the daemon would log before keeping PyNvVideoCodec's RGB."""
     for value in [nv12.SHIFT, *nv12.COEFFICIENTS.values()]:
         assert f"{value}" in nv12.KERNEL_SOURCE
     problem = _nvrtc_problem()
