@@ -75,6 +75,11 @@ def _analyse_concurrently(perception: Any, frames: list[np.ndarray]) -> list[Ana
 TIE = 0.01  # top two probabilities closer than this: either answer is the same reading
 
 
+def _corner_gap(a: Detection, b: Detection) -> float:
+    """The largest difference (px) between two boxes' corresponding corner coordinates."""
+    return max(abs(u - v) for u, v in zip(a.box, b.box))
+
+
 def _agreement(reference: list[Analysis], candidate: list[Analysis]) -> tuple[float, float, float, int]:
     """(share of frames with the same face count, share of matched faces with the same top emotion (a tie in the
     reference counts as the same), largest box corner difference in px over matched faces, faces compared)."""
@@ -84,7 +89,7 @@ def _agreement(reference: list[Analysis], candidate: list[Analysis]) -> tuple[fl
         for ref_face, ref_score in zip(ref_faces, ref_scores):
             if not faces:
                 continue
-            gaps = [max(abs(a - b) for a, b in zip(ref_face.box, f.box)) for f in faces]
+            gaps = [_corner_gap(ref_face, f) for f in faces]
             best = int(np.argmin(gaps))
             worst = max(worst, gaps[best])
             top_two = np.sort(ref_score.probs)[-2:]
@@ -95,7 +100,7 @@ def _agreement(reference: list[Analysis], candidate: list[Analysis]) -> tuple[fl
 
 def _box_gaps(reference: list[Analysis], candidate: list[Analysis]) -> list[float]:
     """Each reference face's largest box corner difference (px) to the nearest candidate face of its frame."""
-    return [min(max(abs(a - b) for a, b in zip(ref.box, face.box)) for face in faces)
+    return [min(_corner_gap(ref, face) for face in faces)
             for (ref_faces, _, _), (faces, _, _) in zip(reference, candidate) if faces for ref in ref_faces]
 
 

@@ -83,18 +83,16 @@ def decoder_output_frames() -> dict[str, int]:
         return dict(_outputs)
 
 
-def _account_output(frames: int, nbytes: int, several: bool = False, at_loop: bool = False) -> None:
-    """A decoder's most frames at once grew by `frames` (or, negative, it closed); one call returned several."""
+def _account_output(frames: int, nbytes: int, several: bool = False, at_loop: bool = False,
+                    decoders: int = 0) -> None:
+    """A decoder's most frames at once grew by `frames` (negative: it closed, `decoders` -1); one call returned
+    several; a decoder opened (`decoders` +1)."""
     with _outputs_lock:
+        _outputs["decoders"] += decoders
         _outputs["frames"] += frames
         _outputs["bytes"] += nbytes
         _outputs["calls_with_several"] += int(several)
         _outputs["several_at_loop"] += int(several and at_loop)
-
-
-def _outputs_change(key: str, change: int) -> None:
-    with _outputs_lock:
-        _outputs[key] += change
 
 
 def _account_in_use(change: int) -> None:
@@ -176,7 +174,7 @@ class NvdecSource(VideoSource):
         self._frame_bytes = width * height * 3 // 2 if self._nv12 is not None else width * height * 3
         self._create_decoder(codec)
         self._most_at_once = 0  # the most frames one Decode call has returned (decoder_output_frames)
-        _outputs_change("decoders", 1)
+        _account_output(0, 0, decoders=1)
         fps = float(self._demuxer.FrameRate() or 0.0)
         self._pacer = pacer_for(fps) if paced else None
 
@@ -376,8 +374,7 @@ class NvdecSource(VideoSource):
             self._pool.close()  # frees idle buffers now, and each buffer still in use when its image goes
             self._pool = None
         if self._decoder is not None:
-            _account_output(-self._most_at_once, -self._most_at_once * self._frame_bytes)
-            _outputs_change("decoders", -1)
+            _account_output(-self._most_at_once, -self._most_at_once * self._frame_bytes, decoders=-1)
         self._decoder = None  # PyNvVideoCodec frees its session when the last reference goes
         self._demuxer = None
         self._destroy_stream()
