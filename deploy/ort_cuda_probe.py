@@ -53,6 +53,12 @@ SESSION_VARIANTS: dict[str, tuple[dict[str, str], dict[str, str], dict[str, str]
     # per-session host memory is the heuristics' state, and what the search does to steady speed.
     "shared+cublas_ws_small+exhaustive": ({"cudnn_conv_algo_search": "EXHAUSTIVE"}, {},
                                           {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}),
+    # The per-session cost is the convolutions' cuDNN frontend plans (round 11). Do other plans cost less? Channels-last
+    # convolutions (ONNX Runtime rewrites the graph to NHWC and its weights once), and the bias added inside the plan.
+    "shared+cublas_ws_small+nhwc": ({**SHARED, "prefer_nhwc": "1"}, {}, {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}),
+    "shared+cublas_ws_small+fuse_bias": ({**SHARED, "fuse_conv_bias": "1"}, {}, {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}),
+    "shared+cublas_ws_small+nhwc+fuse_bias": ({**SHARED, "prefer_nhwc": "1", "fuse_conv_bias": "1"}, {},
+                                              {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}),
     "shared+all": ({**SHARED, "cudnn_conv_use_max_workspace": "0"},
                    {"no_mem_pattern": "1", "session.use_device_allocator_for_initializers": "1"},
                    {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}),
@@ -149,7 +155,15 @@ def session_probe(model: str, name: str) -> dict[str, object]:
             "mb_per_further_session": round((eight - one) / 7, 1), "steady_ms": steady,
             "host_mb_before": round(host_baseline), "host_mb_1_session": round(host_one),
             "host_mb_8_sessions": round(host_eight), "host_mb_per_further_session": round((host_eight - host_one) / 7, 1),
-            "host_split_1_session": split_one, "host_split_8_sessions": split_eight}
+            "host_split_1_session": split_one, "host_split_8_sessions": split_eight,
+            "nvrtc_loaded": nvrtc_loaded()}
+
+
+def nvrtc_loaded() -> bool:
+    """Whether NVRTC is mapped into this process: cuDNN compiles a plan's kernels at run time with it (its runtime
+    fusion engines), and such kernels are kept per plan."""
+    with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
+        return any("libnvrtc" in line for line in maps)
 
 
 def main() -> None:
