@@ -3,7 +3,7 @@
 # models and the test clips for it, ../shared/tools/gpu-machine.md says how calls carry them). Usage there, from the
 # project root, once the stage is assembled:  bash deploy/gpu-bench.sh STEP   (STEP: check | probe | session-probe | engine | emotion-own | pipeline | profile | nvdec-capture | nvdec-pipeline | trt-standin |
 #  frames-check | frames-probe | frames-pipeline | inflight | inflight-32 | processes | groups |
-#  groups-sweep | groups-ab | step-ab | fif-ab | graphs-ab | follow-ab | trim-ab | face-ab | split-probe | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu |
+#  groups-sweep | groups-ab | provider-ab | step-ab | fif-ab | graphs-ab | follow-ab | trim-ab | face-ab | split-probe | nvdec-latency | nvdec-memory | nvdec-cpu | nvdec-pyav | ab | memory | interval-sweep | waits | multi-gpu |
 #  cuda-handles | stack | small)
 # pipeline/profile read CAMS, MODE, DURATION, PRECISION and EXTRA (more bench pipeline options) from the environment;
 # profile needs py-spy installed under $HOME/tools (a wheel carried in .whl/tools).
@@ -292,6 +292,28 @@ case "${1:-check}" in
       CAMS=$cams PROCS=$procs INTERVAL=${INTERVAL:-3} TAG="_new_$round${TAG:-}" bash "$0" groups
       (cd "$BASE" && PYTHONPATH="$HOME/site:$BASE" CAMS=$cams PROCS=$procs INTERVAL=${INTERVAL:-3} \
         TAG="_base_$round${TAG:-}" bash deploy/gpu-bench.sh groups)
+    done
+    ;;
+  provider-ab)  # issue 25 (host memory): ONNX Runtime's CUDA provider with OPTS added (default '"prefer_nhwc": "1",')
+    # against as it is, as the daemon's camera groups: a copy of this tree under $HOME/provider-variant whose
+    # cuda_provider_options carry OPTS too; CAMS (64) cameras in groups of <= PER (32), INTERVAL (3), the student,
+    # EXTRA for both; for each round of ROUNDS (1 2) as-is then variant, every other round the other way round
+    variant=$HOME/provider-variant opts=${OPTS:-'"prefer_nhwc": "1",'}
+    rm -rf "$variant" && mkdir -p "$variant" && cp -r pipeline run_pipeline.py config deploy "$variant/"
+    ln -sfn "$PWD/models" "$variant/models"; ln -sfn "$PWD/.benchdata" "$variant/.benchdata"
+    sed -i "s/\"cudnn_conv_algo_search\": \"HEURISTIC\",\$/\"cudnn_conv_algo_search\": \"HEURISTIC\", $opts/" \
+      "$variant/pipeline/inference/onnxruntime.py"
+    grep -qF "\"HEURISTIC\", $opts" "$variant/pipeline/inference/onnxruntime.py" \
+      || { echo "provider-ab: cuda_provider_options not found in pipeline/inference/onnxruntime.py" >&2; exit 1; }
+    cams=${CAMS:-64}; procs=$(( (cams + ${PER:-32} - 1) / ${PER:-32} )); order="asis variant"
+    for round in ${ROUNDS:-1 2}; do
+      for which in $order; do
+        tree=$PWD; [ "$which" = variant ] && tree=$variant
+        (cd "$tree" && PYTHONPATH="$HOME/site:$tree" CAMS=$cams PROCS=$procs INTERVAL=${INTERVAL:-3} \
+          TAG="_${which}_r$round${TAG:-}" EXTRA="--set emotion.model=dlibface_student64 ${EXTRA:-}" \
+          bash "$tree/deploy/gpu-bench.sh" groups)
+      done
+      order=$(echo "$order" | awk '{print $2, $1}')
     done
     ;;
   step-ab)  # issue 25 (2026-12-03): inference.batch_step 2 against 4 as the daemon sizes its groups, CAMS (64) cameras in
