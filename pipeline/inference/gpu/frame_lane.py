@@ -9,7 +9,9 @@ thresholds, the crop matrices and the frame index of each face go up, and only f
 Like CudaLane, each graph has one session per padded size (frames: powers of `step` from SMALLEST_DETECT_RUN up to
 `frame_cap`; faces: from SMALLEST_CLASSIFY_RUN up to `face_cap`), because ONNX Runtime's CUDA provider re-plans for
 seconds on any new input shape (with or without its memory pattern: 32 cameras served by one session a graph
-analysed 178 frames in 8 s, with a session per size 6,669; BENCHMARKS.md, round 21). The smallest sizes are not
+analysed 178 frames in 8 s, with a session per size 6,669; BENCHMARKS.md, round 21), as its source says: its Conv
+keeps one cuDNN frontend plan a node and builds it again whenever the input's dims differ from the last run's
+(onnxruntime's core/providers/cuda/nn/conv.cc, UpdateState; no cache by shape). The smallest sizes are not
 prepared: every CUDA session costs ~19 MB of GPU and ~75 MB of host memory, most of the latter cuDNN's choice of
 convolution algorithms, which each session keeps (BENCHMARKS.md round 14), while a padded run of a few frames or
 faces takes the GPU hardly longer than an exact one (the detector network alone, round 4's probe: 2.0 ms for 4
