@@ -55,6 +55,8 @@ SESSION_VARIANTS: dict[str, tuple[dict[str, str], dict[str, str], dict[str, str]
                                           {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}),
     # The per-session cost is the convolutions' cuDNN frontend plans (round 11). Do other plans cost less? Channels-last
     # convolutions (ONNX Runtime rewrites the graph to NHWC and its weights once), and the bias added inside the plan.
+    # (prefer_nhwc ran the frame detector graph 2.5x slower at 32 frames on the H200: BENCHMARKS.md, "The letterbox as
+    # a strided Conv"; so only a large host saving would make it worth a second look.)
     "shared+cublas_ws_small+nhwc": ({**SHARED, "prefer_nhwc": "1"}, {}, {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}),
     "shared+cublas_ws_small+fuse_bias": ({**SHARED, "fuse_conv_bias": "1"}, {}, {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}),
     "shared+cublas_ws_small+nhwc+fuse_bias": ({**SHARED, "prefer_nhwc": "1", "fuse_conv_bias": "1"}, {},
