@@ -294,11 +294,11 @@ case "${1:-check}" in
         TAG="_base_$round${TAG:-}" bash deploy/gpu-bench.sh groups)
     done
     ;;
-  provider-ab)  # issue 25 (host memory): ONNX Runtime's CUDA provider with OPTS added (default '"prefer_nhwc": "1",')
+  provider-ab)  # issue 25 (host memory): ONNX Runtime's CUDA provider with OPTS added (e.g. '"fuse_conv_bias": "1",')
     # against as it is, as the daemon's camera groups: a copy of this tree under $HOME/provider-variant whose
     # cuda_provider_options carry OPTS too; CAMS (64) cameras in groups of <= PER (32), INTERVAL (3), the student,
     # EXTRA for both; for each round of ROUNDS (1 2) as-is then variant, every other round the other way round
-    variant=$HOME/provider-variant opts=${OPTS:-'"prefer_nhwc": "1",'}
+    variant=$HOME/provider-variant opts=${OPTS:?"provider-ab adds OPTS, e.g. OPTS='\"fuse_conv_bias\": \"1\",'"}
     rm -rf "$variant" && mkdir -p "$variant" && cp -r pipeline run_pipeline.py config deploy "$variant/"
     ln -sfn "$PWD/models" "$variant/models"; ln -sfn "$PWD/.benchdata" "$variant/.benchdata"
     sed -i "s/\"cudnn_conv_algo_search\": \"HEURISTIC\",\$/\"cudnn_conv_algo_search\": \"HEURISTIC\", $opts/" \
