@@ -29,7 +29,7 @@ KERNEL_NAME = b"nv12_to_rgb"
 BLOCK = (32, 8)  # threads a block; each thread converts one 2x2 block of pixels
 
 # BT.601, limited range (Y 16-235, chroma 16-240): 1.164, 1.596, -0.813, -0.391, 2.018, scaled by 2**SHIFT and
-# truncated. tests/test_nvdec.py applies them in numpy and gets OpenCV's NV12 conversion exactly.
+# truncated. tests/test_nv12.py applies them in numpy and gets OpenCV's NV12 conversion exactly.
 SHIFT = 20
 COEFFICIENTS = {"luma": 1220542, "v_red": 1673527, "v_green": -852492, "u_green": -409993, "u_blue": 2116026}
 KERNEL_TEMPLATE = r"""

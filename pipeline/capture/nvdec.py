@@ -312,14 +312,12 @@ class NvdecSource(VideoSource):
         return SourceError(f"{self._label}: decoded frame of {size} bytes is not NV12 {width}x{height} (not 8-bit "
                            "4:2:0): opening it again with PyNvVideoCodec's RGB conversion")
 
-    def _convert(self, src: int, buffer: int) -> None:
+    def _convert(self, converter: Nv12ToRgb, src: int, buffer: int) -> None:
         """NVDEC's NV12 frame into the pool buffer as RGB, on the decoder's stream (ordered after the decoder's copy
         of the frame, as the plain copy is), finished before returning (the next Decode may reuse `src`)."""
-        if self._nv12 is None:
-            raise SourceError(f"{self._label}: no NV12 converter")
         width, height = self._size
         try:
-            self._nv12.convert(src, width, height, buffer, self._stream)
+            converter.convert(src, width, height, buffer, self._stream)
         except ConverterError as exc:
             raise SourceError(f"{self._label}: {exc}") from exc
         self._cuda("cudaStreamSynchronize (NV12 to RGB)", self._runtime.cudaStreamSynchronize(self._stream))
@@ -333,7 +331,7 @@ class NvdecSource(VideoSource):
         buffer = self._pool.acquire()
         try:
             if self._nv12 is not None:
-                self._convert(src, buffer)
+                self._convert(self._nv12, src, buffer)
             else:
                 self._pool.copy(buffer, src)
         except SourceError:
