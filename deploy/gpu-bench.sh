@@ -437,4 +437,8 @@ case "${1:-check}" in
       --batch-step 2 --duration "${DURATION:-15}" --mode batched --decode gpu --frame-path graph --log-level warning \
       --json "$OUT/profile_${cams}${TAG:-}.json" ${EXTRA:-}
     ;;
+  *)
+    echo "gpu-bench: no step '$1' (the steps are listed at the top of deploy/gpu-bench.sh)" >&2
+    exit 2
+    ;;
 esac

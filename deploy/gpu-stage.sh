@@ -7,6 +7,7 @@
 #   first:  mkdir -p $HOME/stash && cp .whl/stage/* $HOME/stash/          (carry part00, SHA256, assemble.sh)
 #   next:   cp .whl/stage/part0N $HOME/stash/                             (carry that piece)
 #   last:   cp .whl/stage/part0N $HOME/stash/ && bash $HOME/stash/assemble.sh && <bench>
+# (<bench>: a gpu-bench.sh step, or a lease's plan of them: END=540 bash deploy/gpu-plan.sh deploy/plans/NAME.sh)
 # assemble.sh checks the archive, installs the wheels under $HOME/site and unpacks models/ and .benchdata/ into the
 # working copy; gpu-bench.sh puts $HOME/site on PYTHONPATH.
 # LEAN=1 packs fewer pieces (each call is device time): no py-spy (the profile step needs it) and no fp32 weights but
