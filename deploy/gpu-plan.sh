@@ -12,13 +12,13 @@
 set -uo pipefail
 plan=${1:?"usage: END=540 bash deploy/gpu-plan.sh deploy/plans/NAME.sh"}
 [ -f "$plan" ] || { echo "gpu-plan: no plan file $plan" >&2; exit 2; }
+final_out=${OUT:?"gpu-plan: OUT must name the folder whose files come back"}
 bench=${BENCH:-$(dirname "$0")/gpu-bench.sh}
 name=$(basename "$plan" .sh)
 end=${END:-540}
 started=$SECONDS
 results=$(mktemp -d)
 log=$results/log_$name.txt
-final_out=${OUT:?"gpu-plan: OUT must name the folder whose files come back"}
 
 left() { echo $(( end - (SECONDS - started) )); }
 
