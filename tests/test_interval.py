@@ -40,6 +40,13 @@ def agreement(prepared_models: None) -> dict[str, dict[str, Any]]:
                                                                  behavior=config.behavior).summary()
     finally:
         perception.close()
+    student = Perception.from_config(config.model_copy(
+        update={"emotion": config.emotion.model_copy(update={"model": "dlibface_student64"})}))
+    try:  # the many-camera model on the crowd (frames: group_1080p.mp4's, the loop's last clip)
+        results["group_1080p.mp4 student"] = compare_intervals(student, frames, fps, 3, tracking=config.tracking,
+                                                               behavior=config.behavior).summary()
+    finally:
+        student.close()
     return results
 
 
@@ -85,6 +92,19 @@ def test_the_crowds_smoothed_disagreements_lie_mostly_on_faces_the_classifier_fi
     row = agreement["group_1080p.mp4"]
     assert 150 <= row["clear"] < row["compared"], row
     assert row["clear_agreement"] >= 0.93 and row["clear_agreement"] > row["smoothed_agreement"], row
+
+
+def test_the_many_camera_model_reads_a_followed_crowd_as_every_frame_detection_does(agreement: dict) -> None:
+    """group_1080p.mp4 with `dlibface_student64` (the README's model for many cameras), the same followed boxes: the
+    smoothed top emotion agrees with every-frame detection on 94.1 % of the observations and on 98.2 % of the clear
+    ones when measured (the default model: 90.4 % / 95.2 %): the student's top emotion moves less when a small face's
+    crop moves by a pixel or two (`tools/crop_shift_check.py`: kept on 91.8 % of 159 faces under a 2 px move, the
+    default model 77.4 %). Issue 25's 97 % holds on the clear readings (BENCHMARKS.md, "The crowd followed with the
+    many-camera model")."""
+    student, default = agreement["group_1080p.mp4 student"], agreement["group_1080p.mp4"]
+    assert student["compared"] == default["compared"] and student["clear"] >= 150, (student, default)
+    assert student["clear_agreement"] >= 0.97, student
+    assert student["smoothed_agreement"] >= default["smoothed_agreement"] + 0.02, (student, default)
 
 
 def test_a_crowd_followed_by_its_motion_alone_strays_from_the_detections(agreement: dict) -> None:
