@@ -8,7 +8,6 @@ its own frame rate, whatever the measuring costs.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -87,8 +86,7 @@ def test_bench_pipeline_counts_frames_over_the_time_it_counted_them(prepared_mod
                               "--config", str(ROOT / "config" / "default.yaml")])
     run = bench_pipeline.run_mode(args, naive=False)
     assert 0 < run["fps_in_per_camera"] <= 29.97 * 1.15, run["fps_in_per_camera"]
-    cores = sum(run["cores_by_thread"].values())  # the threads' CPU over the span of their own readings
-    assert cores <= (os.cpu_count() or 1) + 0.5, run["cores_by_thread"]
+    assert run["fps_analysed_per_camera"] <= run["fps_in_per_camera"] + 0.5, run  # analysed frames were read ones
 
 
 def test_bench_pipeline_with_camera_group_processes(prepared_models: None, tmp_path: Path) -> None:
