@@ -30,6 +30,7 @@ from pipeline.core.types import Detection  # noqa: E402
 from pipeline.inference.perception import Perception  # noqa: E402
 from pipeline.tools.bench_interval import frames_of  # noqa: E402
 from pipeline.tools.bench_pipeline import with_overrides  # noqa: E402
+from pipeline.vision.track import moved_detection  # noqa: E402
 
 ONE = ((0.0, 0.0),)
 CROSS = ((0.0, 0.0), (1.0, 0.0), (-1.0, 0.0), (0.0, 1.0), (0.0, -1.0))  # in steps of ENSEMBLE_STEP of the width
@@ -37,10 +38,9 @@ ENSEMBLE_STEP, ENSEMBLE_MIN_PX = 0.03, 2.0
 
 
 def moved(face: Detection, dx: float, dy: float) -> Detection:
-    """The same face, its box and landmarks moved by (dx, dy) pixels."""
+    """The same face, its box (and with it its landmarks) moved by (dx, dy) pixels."""
     x1, y1, x2, y2 = face.box
-    landmarks = None if face.landmarks is None else np.asarray(face.landmarks) + np.array([dx, dy])
-    return Detection((x1 + dx, y1 + dy, x2 + dx, y2 + dy), face.score, landmarks)
+    return moved_detection(face, (x1 + dx, y1 + dy, x2 + dx, y2 + dy))
 
 
 def read(perception: Perception, frame: np.ndarray, faces: list[Detection],
