@@ -234,14 +234,18 @@ def test_a_bad_set_is_named_before_anything_runs(setting: str, message: str) -> 
 def test_bench_interval_applies_set_to_the_tracking_it_measures(prepared_models: None, tmp_path: Path) -> None:
     """--set reaches the trackers `bench interval` compares: without smoothing the smoothed agreement is the raw one
     (read from --json: the printed table's columns move as figures are added); a list of intervals gives a row for
-    each, printed and written."""
+    each, printed and written; the file names the command and settings that made it."""
     video, out = data_path("video", "woman_short.mp4"), tmp_path / "interval.json"
     done = run_cli("bench", "interval", "--video", str(video), "--set", "tracking.smoothing_half_life_ms=0",
                    "--interval", "2,4", "--log-level", "warning", "--json", str(out), timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     printed = [line.split()[:2] for line in done.stdout.strip().splitlines()[-2:]]
     assert printed == [["woman_short.mp4", "2"], ["woman_short.mp4", "4"]], done.stdout
-    rows = json.loads(out.read_text())["rows"]
+    result = json.loads(out.read_text())
+    assert result["overrides"] == ["tracking.smoothing_half_life_ms=0"], result
+    assert result["command"][:3] == ["run_pipeline.py", "bench", "interval"], result["command"]
+    assert "tracking.smoothing_half_life_ms=0" in result["command"], result["command"]
+    rows = result["rows"]
     assert [row["interval"] for row in rows] == [2, 4], rows
     assert all(row["smoothed_agreement"] == row["emotion_agreement"] for row in rows), rows
     assert all(row["follow_ms_per_face"] > 0 for row in rows), rows

@@ -255,6 +255,11 @@ def run_bench(args: argparse.Namespace) -> int:
     measure, show = modes[args.bench_mode]
     result = measure(args)
     result.setdefault("machine", machine())
+    # the command as given, so that a results file says which settings made it: runs that differ by one --set
+    # otherwise leave files that differ only in their figures
+    result.setdefault("command", ["run_pipeline.py", *getattr(args, "argv", sys.argv[1:])])
+    if getattr(args, "overrides", None):
+        result.setdefault("overrides", list(args.overrides))
     show(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

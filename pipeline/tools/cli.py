@@ -383,6 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
         argv = ["run", *argv]  # `run` is the default subcommand
     args = parser.parse_args(argv)
+    args.argv = argv  # as given: a bench writes it into its results file
     if args.command != "run":
         _release_startup_signals()
     setup_logging(args.log_level or "info", "text")
